@@ -1,0 +1,72 @@
+"""User-facing engine options: one frozen dataclass, validated once. No torch here."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping
+
+from .errors import OptionError
+
+PREFILL_MODES = ("auto", "chunked", "layer-major")
+OVERLAP_MODES = ("auto", "off", "copy-side", "shared-side")
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+def parse_bytes(text: str | int | None, what: str = "size") -> int | None:
+    """'16GiB' / '16G' / '15.5 GB' / 17179869184 -> bytes. None stays None."""
+    if text is None or isinstance(text, int) and not isinstance(text, bool):
+        if isinstance(text, int) and text <= 0:
+            raise OptionError(f"{what} must be positive, got {text}")
+        return text
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise OptionError(f"{what} {text!r} is not a size; write it like 16GiB, 15.5GB or 800MiB")
+    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value <= 0:
+        raise OptionError(f"{what} must be positive, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What the user (or a test, or the bench) asks of the engine. "auto" lets the plan decide."""
+
+    prefill_chunk: int = 2048  # tokens per prefill chunk
+    prefill_mode: str = "auto"  # "auto" | "chunked" | "layer-major"
+    overlap: str = "auto"  # "auto" | "off" | "copy-side" | "shared-side"
+    cuda_graphs: bool = True  # capture the decode step in a CUDA graph where the device allows
+    routing: Any = None  # None, or a synthetic-trace spec (benchmarks only)
+    max_context: int | None = None  # tokens; None = the model's max_position_embeddings
+    vram_budget: int | None = None  # bytes the engine may allocate on the GPU; None = what is free
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefill_chunk, int) or isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 1:
+            raise OptionError(f"prefill_chunk must be a positive number of tokens, got {self.prefill_chunk!r}")
+        if self.prefill_mode not in PREFILL_MODES:
+            raise OptionError(f"prefill_mode {self.prefill_mode!r} is not one of {', '.join(PREFILL_MODES)}")
+        if self.overlap not in OVERLAP_MODES:
+            raise OptionError(f"overlap {self.overlap!r} is not one of {', '.join(OVERLAP_MODES)}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise OptionError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
+        if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context < 1):
+            raise OptionError(f"max_context must be a positive number of tokens, got {self.max_context!r}")
+        object.__setattr__(self, "vram_budget", parse_bytes(self.vram_budget, "vram_budget"))
+
+    @classmethod
+    def coerce(cls, value: "EngineOptions | Mapping[str, Any] | None", **overrides: Any) -> "EngineOptions":
+        """None, a dict of fields or an EngineOptions -> EngineOptions; unknown keys are an error."""
+        if value is None:
+            base = cls()
+        elif isinstance(value, cls):
+            base = value
+        elif isinstance(value, Mapping):
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise OptionError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
+            base = cls(**dict(value))
+        else:
+            raise OptionError(f"options must be an EngineOptions or a dict, got {type(value).__name__}")
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        return replace(base, **overrides) if overrides else base
