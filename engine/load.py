@@ -1,0 +1,159 @@
+"""Load a qwen3_5_moe checkpoint's text weights into canonical tensors.
+
+Canonical names drop the text prefix (`model.language_model.` or `model.`). Routed experts are returned
+stacked per layer whatever the stored layout:
+  `layers.L.mlp.experts.gate_up_proj` [E, 2I, H]  (rows 0:I are gate, I:2I are up; (out, in) layout)
+  `layers.L.mlp.experts.down_proj`    [E, H, I]
+Every name and shape is checked against the config before any tensor data is read.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+
+from .checkpoint import Checkpoint, TensorEntry
+from .config import FULL_ATTENTION, ModelConfig
+from .errors import CheckpointError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+# Kept in fp32 whatever the compute dtype (mamba_ssm_dtype is float32 in the config).
+FP32_SUFFIXES = ("linear_attn.A_log", "linear_attn.dt_bias")
+ProgressFn = Callable[[int, int], None]
+
+
+def dense_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every non-routed-expert tensor of the text model with its expected shape."""
+    h, a, lin, moe = cfg.hidden_size, cfg.attention, cfg.linear, cfg.moe
+    shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (cfg.vocab_size, h), "norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        if kind == FULL_ATTENTION:
+            q_out = a.num_heads * a.head_dim * 2
+            kv_out = a.num_kv_heads * a.head_dim
+            shapes[p + "self_attn.q_proj.weight"] = (q_out, h)
+            shapes[p + "self_attn.k_proj.weight"] = (kv_out, h)
+            shapes[p + "self_attn.v_proj.weight"] = (kv_out, h)
+            shapes[p + "self_attn.o_proj.weight"] = (h, a.num_heads * a.head_dim)
+            shapes[p + "self_attn.q_norm.weight"] = (a.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (a.head_dim,)
+        else:
+            shapes[p + "linear_attn.in_proj_qkv.weight"] = (lin.conv_dim, h)
+            shapes[p + "linear_attn.in_proj_z.weight"] = (lin.value_dim, h)
+            shapes[p + "linear_attn.in_proj_b.weight"] = (lin.num_value_heads, h)
+            shapes[p + "linear_attn.in_proj_a.weight"] = (lin.num_value_heads, h)
+            shapes[p + "linear_attn.conv1d.weight"] = (lin.conv_dim, 1, lin.conv_kernel)
+            shapes[p + "linear_attn.dt_bias"] = (lin.num_value_heads,)
+            shapes[p + "linear_attn.A_log"] = (lin.num_value_heads,)
+            shapes[p + "linear_attn.norm.weight"] = (lin.value_head_dim,)
+            shapes[p + "linear_attn.out_proj.weight"] = (h, lin.value_dim)
+        shapes[p + "mlp.gate.weight"] = (moe.num_experts, h)
+        shapes[p + "mlp.shared_expert.gate_proj.weight"] = (moe.shared_intermediate_size, h)
+        shapes[p + "mlp.shared_expert.up_proj.weight"] = (moe.shared_intermediate_size, h)
+        shapes[p + "mlp.shared_expert.down_proj.weight"] = (h, moe.shared_intermediate_size)
+        shapes[p + "mlp.shared_expert_gate.weight"] = (1, h)
+    return shapes
+
+
+def expert_plan(ckpt: Checkpoint, cfg: ModelConfig, layer: int) -> dict[str, list[TensorEntry]] | dict[str, TensorEntry]:
+    """The stored tensors of one layer's routed experts, validated; fused or per-expert layout."""
+    h, moe = cfg.hidden_size, cfg.moe
+    e, i = moe.num_experts, moe.intermediate_size
+    p = f"layers.{layer}.mlp.experts."
+    if p + "gate_up_proj" in ckpt or p + "down_proj" in ckpt:
+        return {
+            "gate_up_proj": ckpt.expect_shape(p + "gate_up_proj", (e, 2 * i, h)),
+            "down_proj": ckpt.expect_shape(p + "down_proj", (e, h, i)),
+        }
+    if p + "0.gate_proj.weight" not in ckpt:
+        raise CheckpointError(
+            f"layer {layer}: routed experts are missing (looked for {p}gate_up_proj and {p}0.gate_proj.weight)"
+        )
+    return {
+        "gate_proj": [ckpt.expect_shape(f"{p}{x}.gate_proj.weight", (i, h)) for x in range(e)],
+        "up_proj": [ckpt.expect_shape(f"{p}{x}.up_proj.weight", (i, h)) for x in range(e)],
+        "down_proj": [ckpt.expect_shape(f"{p}{x}.down_proj.weight", (h, i)) for x in range(e)],
+    }
+
+
+def check_unquantized(ckpt: Checkpoint, cfg: ModelConfig) -> None:
+    scaled = [n for n in ckpt.entries if n.endswith((".weight_scale", ".weight_scale_2", ".input_scale"))]
+    if cfg.quantization is not None or scaled:
+        algo = (cfg.quantization or {}).get("quant_algo", "quantized")
+        raise UnsupportedModelError(
+            f"this checkpoint is {algo} (e.g. {scaled[0] if scaled else 'quantization_config'}); this version "
+            "loads BF16/FP32 qwen3_5_moe checkpoints only"
+        )
+
+
+class _Reader:
+    """Opens each shard once and hands out tensors; data are read lazily per tensor."""
+
+    def __init__(self):
+        self._files: dict = {}
+
+    def get(self, entry: TensorEntry) -> torch.Tensor:
+        handle = self._files.get(entry.file)
+        if handle is None:
+            try:
+                handle = self._files[entry.file] = safe_open(str(entry.file), framework="pt")
+            except Exception as exc:  # safetensors raises its own error types
+                raise CheckpointError(f"cannot open {entry.file.name}: {exc}; re-download it") from exc
+        try:
+            return handle.get_tensor(entry.key)
+        except Exception as exc:
+            raise CheckpointError(f"cannot read tensor {entry.key} from {entry.file.name}: {exc}") from exc
+
+
+def load_weights(
+    ckpt: Checkpoint, cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
+    progress: ProgressFn | None = None,
+) -> dict[str, torch.Tensor]:
+    check_unquantized(ckpt, cfg)
+    shapes = dense_shapes(cfg)
+    entries = {name: ckpt.expect_shape(name, shape) for name, shape in shapes.items()}
+    experts = {layer: expert_plan(ckpt, cfg, layer) for layer in range(cfg.num_layers)}
+    expert_names = {e.key for plan in experts.values() for v in plan.values() for e in (v if isinstance(v, list) else [v])}
+    unused = sorted(n for n, e in ckpt.entries.items() if n not in entries and e.key not in expert_names)
+    if unused:
+        log.warning("ignoring %d tensors the text model does not use, e.g. %s", len(unused), unused[:3])
+
+    reader = _Reader()
+    total, done = len(entries) + cfg.num_layers, 0
+
+    def convert(name: str, t: torch.Tensor) -> torch.Tensor:
+        target = torch.float32 if name.endswith(FP32_SUFFIXES) else dtype
+        return t.to(device=device, dtype=target)
+
+    out: dict[str, torch.Tensor] = {}
+    for name, entry in entries.items():
+        out[name] = convert(name, reader.get(entry))
+        done += 1
+        if progress:
+            progress(done, total)
+    for layer, plan in experts.items():
+        p = f"layers.{layer}.mlp.experts."
+        if "gate_up_proj" in plan:
+            out[p + "gate_up_proj"] = convert(p, reader.get(plan["gate_up_proj"]))
+            out[p + "down_proj"] = convert(p, reader.get(plan["down_proj"]))
+        else:
+            parts = defaultdict(list)
+            for kind in ("gate_proj", "up_proj", "down_proj"):
+                for entry in plan[kind]:
+                    parts[kind].append(convert(p, reader.get(entry)))
+            gate, up = torch.stack(parts["gate_proj"]), torch.stack(parts["up_proj"])
+            out[p + "gate_up_proj"] = torch.cat([gate, up], dim=1)
+            out[p + "down_proj"] = torch.stack(parts["down_proj"])
+        done += 1
+        if progress:
+            progress(done, total)
+    if cfg.tie_word_embeddings:
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    return out
