@@ -1,0 +1,207 @@
+"""The Engine API (the contract of DESIGN.md): from_pretrained, score, chat, stats, plan."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from .checkpoint import Checkpoint
+from .config import ModelConfig, load_model_config
+from .env import read_env
+from .errors import ContextLimitError, OptionError, QwenlocalError
+from .events import EngineError, Event, ReasoningDelta, Stats, TokenDelta, TurnDone
+from .load import load_weights
+from .model.qwen3_5_moe import Qwen35MoeModel
+from .options import EngineOptions
+from .runtime.generate import GenerationStats, generate_tokens
+from .runtime.runner import Runner
+from .runtime.sampler import SamplingParams, defaults_from_generation_config, eos_from_generation_config
+from .tokenizer import ChatTokenizer, StreamDecoder, ThinkSplitter
+
+_ROLES = ("system", "user", "assistant", "tool")
+_STATS_EVERY_S = 0.25
+ProgressFn = Callable[[str, int, int], None]
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        use_cuda = torch.cuda.is_available() and not read_env().no_cuda
+        return torch.device("cuda" if use_cuda else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError("device='cuda' was asked for but no CUDA GPU is visible to torch; use device='cpu'")
+    if dev.type not in ("cpu", "cuda"):
+        raise OptionError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    return dev
+
+
+def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise OptionError("messages must be a non-empty list of {'role': ..., 'content': ...} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise OptionError(f"messages[{i}] must be an object with 'role' and 'content'")
+        if m.get("role") not in _ROLES:
+            raise OptionError(f"messages[{i}].role is {m.get('role')!r}; use one of {', '.join(_ROLES)}")
+        if not isinstance(m.get("content", ""), str):
+            raise OptionError(f"messages[{i}].content must be a string")
+        out.append(dict(m))
+    return out
+
+
+class Engine:
+    def __init__(self, model_dir: Path, config: ModelConfig, model: Qwen35MoeModel, tokenizer: ChatTokenizer,
+                 options: EngineOptions, sampling_defaults: SamplingParams, eos_ids: tuple[int, ...]):
+        self.model_dir = model_dir
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.options = options
+        self.sampling_defaults = sampling_defaults
+        self.eos_ids = eos_ids
+        self.max_context = min(options.max_context or config.max_position_embeddings, config.max_position_embeddings)
+        self.runner = Runner(model, options.prefill_chunk, self.max_context)
+        self._busy = threading.Lock()
+        self._last: GenerationStats | None = None
+        self._totals = {"prompt_tokens": 0, "completion_tokens": 0, "turns": 0}
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str | torch.device | None = None,
+                        dtype: torch.dtype | None = None, vram_budget: str | int | None = None,
+                        options: EngineOptions | Mapping[str, Any] | None = None,
+                        progress: ProgressFn | None = None) -> "Engine":
+        opts = EngineOptions.coerce(options, vram_budget=vram_budget)
+        dev = _resolve_device(device)
+        dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise OptionError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+        model_dir = Path(path)
+        # Everything cheap is validated before the weights are read.
+        config = load_model_config(model_dir)
+        tokenizer = ChatTokenizer.from_dir(model_dir)
+        ckpt = Checkpoint(model_dir)
+        step = (lambda done, total: progress("weights", done, total)) if progress else None
+        weights = load_weights(ckpt, config, dtype, dev, progress=step)
+        model = Qwen35MoeModel(config, weights)
+        eos = eos_from_generation_config(model_dir) or tokenizer.eos_token_ids or config.eos_token_ids
+        return cls(model_dir, config, model, tokenizer, opts, defaults_from_generation_config(model_dir), eos)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def plan(self) -> dict:
+        """The resolved execution choices and why (the reference path until the GPU runtime lands)."""
+        return {
+            "device": {"value": self.device.type, "reason": "chosen device"},
+            "dtype": {"value": str(self.model.dtype).replace("torch.", ""), "reason": "compute dtype"},
+            "prefill_chunk": {"value": self.options.prefill_chunk, "reason": "engine option"},
+            "attention": {"value": "sdpa", "reason": "torch SDPA over a contiguous KV cache (reference path)"},
+            "max_context": {"value": self.max_context, "reason": "model limit, or the max_context option"},
+        }
+
+    def score(self, token_ids: Sequence[int] | torch.Tensor, prefill: int | None = None) -> torch.Tensor:
+        """Teacher forcing: float32 logits [len, vocab]. prefill=K: the first K tokens through prefill (in
+        chunks), the rest one at a time through the decode step."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        n = ids.shape[0]
+        k = n if prefill is None else prefill
+        if n == 0:
+            raise OptionError("score needs at least one token")
+        if not isinstance(k, int) or not 0 <= k <= n:
+            raise OptionError(f"prefill must be an integer in [0, {n}], got {prefill!r}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise OptionError(f"token ids must be in [0, {self.config.vocab_size})")
+        if n > self.max_context:
+            raise ContextLimitError(f"{n} tokens exceed the context limit of {self.max_context}")
+        with self._exclusive():
+            ids = ids.to(self.device)
+            state = self.runner.new_state()
+            parts = [self.runner.prefill(state, ids[:k], all_logits=True)] if k else []
+            parts += [self.runner.decode(state, ids[i:i + 1]) for i in range(k, n)]
+            return torch.cat(parts).float().cpu()
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams | Mapping[str, Any] | None = None,
+             enable_thinking: bool = True, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """Stream the assistant's reply as events. Bad input raises here, before any model work."""
+        msgs = validate_messages(messages)
+        params = sampling if isinstance(sampling, SamplingParams) else self.sampling_defaults.updated(sampling)
+        prompt_text = self.tokenizer.render(msgs, add_generation_prompt=True, enable_thinking=enable_thinking)
+        prompt = self.tokenizer.encode(prompt_text)
+        if len(prompt) + 1 > self.max_context:
+            raise ContextLimitError(
+                f"the conversation is {len(prompt)} tokens and the context limit is {self.max_context}: "
+                "start a new chat or shorten the history"
+            )
+        return self._stream(prompt, prompt_text, params, cancel)
+
+    def _stream(self, prompt: list[int], prompt_text: str, params: SamplingParams,
+                cancel: threading.Event | None) -> Iterator[Event]:
+        stats = GenerationStats()
+        decoder = StreamDecoder(self.tokenizer)
+        splitter = ThinkSplitter(in_thinking=prompt_text.rstrip("\n").endswith("<think>"))
+        text, reasoning = [], []
+        last_stats = time.perf_counter()
+        with self._exclusive():
+            try:
+                state = self.runner.new_state()
+                for token in generate_tokens(self.runner, state, prompt, params, self.eos_ids, stats, cancel):
+                    if token in self.eos_ids:
+                        continue
+                    for kind, piece in splitter.push(decoder.push(token)):
+                        (reasoning if kind == "reasoning" else text).append(piece)
+                        yield ReasoningDelta(piece) if kind == "reasoning" else TokenDelta(piece)
+                    if time.perf_counter() - last_stats > _STATS_EVERY_S:
+                        last_stats = time.perf_counter()
+                        yield Stats(self._live_stats(stats))
+                for kind, piece in splitter.push(decoder.flush()) + splitter.flush():
+                    (reasoning if kind == "reasoning" else text).append(piece)
+                    yield ReasoningDelta(piece) if kind == "reasoning" else TokenDelta(piece)
+            except QwenlocalError as exc:
+                yield EngineError(str(exc), type(exc).__name__)
+                return
+            except Exception as exc:  # a bug or a device fault: report it as an event, not a dead stream
+                yield EngineError(f"generation failed: {exc!r}", type(exc).__name__)
+                return
+            self._last = stats
+            self._totals["prompt_tokens"] += stats.prompt_tokens
+            self._totals["completion_tokens"] += stats.completion_tokens
+            self._totals["turns"] += 1
+            yield TurnDone(stats.finish_reason, stats.prompt_tokens, stats.completion_tokens, "".join(text),
+                           "".join(reasoning), self._live_stats(stats))
+
+    def _live_stats(self, gen: GenerationStats) -> dict:
+        out = self.stats()
+        out.update(gen.as_dict())
+        return out
+
+    def stats(self) -> dict:
+        """Counters of the engine and of the last turn (hits/misses/H2D appear once experts are offloaded)."""
+        out = {"device": self.device.type, "context_limit": self.max_context, **self._totals}
+        if self._last is not None:
+            out["last"] = self._last.as_dict()
+        if self.device.type == "cuda":
+            out["vram_allocated"] = torch.cuda.memory_allocated(self.device)
+        return out
+
+    def _exclusive(self):
+        if not self._busy.acquire(blocking=False):
+            raise QwenlocalError("the engine is busy with another request; wait for it to finish")
+        return _Release(self._busy)
+
+
+class _Release:
+    def __init__(self, lock: threading.Lock):
+        self._lock = lock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+        return False

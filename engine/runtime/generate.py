@@ -1,0 +1,75 @@
+"""Token generation for one conversation: prefill, then sample/decode until EOS, max tokens or cancel."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from ..errors import GenerationCancelled
+from ..model.cache import SequenceState
+from .runner import Runner
+from .sampler import SamplingParams, sample
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    finish_reason: str = ""
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def decode_tok_s(self) -> float:
+        steps = self.completion_tokens - 1
+        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "prefill_s": self.prefill_s, "ttft_s": self.ttft_s, "decode_s": self.decode_s,
+                "decode_tok_s": self.decode_tok_s, "prefill_tok_s": self.prefill_tok_s,
+                "finish_reason": self.finish_reason}
+
+
+def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], params: SamplingParams,
+                    eos_ids: tuple[int, ...], stats: GenerationStats,
+                    cancel: threading.Event | None = None) -> Iterator[int]:
+    """Yields each sampled token id (EOS included, then stops). Sets stats.finish_reason."""
+    device = runner.model.device
+    gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+    stats.prompt_tokens = len(prompt)
+    # The sampled token is only fed back when another one is wanted, so max_tokens costs max_tokens - 1 decodes.
+    try:
+        t0 = time.perf_counter()
+        logits = runner.prefill(state, torch.tensor(prompt, dtype=torch.long, device=device), cancel=cancel)
+        token = sample(logits[-1].cpu(), params, gen)
+        stats.prefill_s = stats.ttft_s = time.perf_counter() - t0
+        for produced in range(1, params.max_tokens + 1):
+            stats.completion_tokens = produced
+            yield token
+            if token in eos_ids:
+                stats.finish_reason = "stop"
+                return
+            if produced == params.max_tokens:
+                break
+            if cancel is not None and cancel.is_set():
+                raise GenerationCancelled("decode cancelled")
+            if state.seq_len + 1 > state.max_len:
+                stats.finish_reason = "context"
+                return
+            t1 = time.perf_counter()
+            logits = runner.decode(state, torch.tensor([token], device=device))
+            token = sample(logits[-1].cpu(), params, gen)
+            stats.decode_s += time.perf_counter() - t1
+        stats.finish_reason = "length"
+    except GenerationCancelled:
+        stats.finish_reason = "cancelled"

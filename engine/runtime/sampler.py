@@ -1,0 +1,95 @@
+"""Sampling: greedy, temperature, top-k, top-p, seeded. Defaults come from the checkpoint's generation_config."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from ..errors import OptionError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    max_tokens: int = 1024
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) or self.temperature < 0:
+            raise OptionError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
+            raise OptionError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise OptionError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise OptionError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise OptionError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def updated(self, values: Mapping[str, Any] | None) -> "SamplingParams":
+        """Overrides from a dict (None values ignored); unknown keys are an error."""
+        if not values:
+            return self
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise OptionError(f"unknown sampling setting(s) {unknown}; known: {sorted(known)}")
+        return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+def defaults_from_generation_config(model_dir: str | Path) -> SamplingParams:
+    """The checkpoint's recommended sampling (Qwen3.6: T=1.0, top_p=0.95, top_k=20)."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return SamplingParams()
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return SamplingParams()
+    params = {}
+    if raw.get("do_sample") is False:
+        params["temperature"] = 0.0
+    elif isinstance(raw.get("temperature"), (int, float)):
+        params["temperature"] = float(raw["temperature"])
+    if isinstance(raw.get("top_p"), (int, float)):
+        params["top_p"] = float(raw["top_p"])
+    if isinstance(raw.get("top_k"), int):
+        params["top_k"] = raw["top_k"]
+    return SamplingParams(**params)
+
+
+def eos_from_generation_config(model_dir: str | Path) -> tuple[int, ...]:
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return ()
+    ids = raw if isinstance(raw, list) else [raw]
+    return tuple(i for i in ids if isinstance(i, int))
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """logits [V] (float32) -> one token id."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    scores = logits.float() / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny checkpoints in the real layout, made once per test session into a temp dir."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwenlocal.engine.tiny import make_tiny_checkpoint
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run the GPU tier on the lent machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def odd_ckpt(tmp_path_factory):
+    """Odd sizes and per-expert expert tensors (the NVFP4 checkpoint's layout)."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("odd"), "odd", seed=1, expert_layout="per-expert")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_ckpt):
+    from qwenlocal.engine import Engine
+
+    return Engine.from_pretrained(tiny_ckpt, device="cpu", dtype=torch.float32, options={"prefill_chunk": 16})
