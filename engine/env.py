@@ -33,9 +33,11 @@ class EnvSettings:
     """Settings that come from the environment (read once, by `read_env`)."""
 
     home: str | None  # overrides the data/cache root (tests, portable installs)
+    cache_dir: str | None  # overrides the cache folder alone (probe profiles); wins over home
     no_cuda: bool  # pretend there is no GPU (CPU path) even when one is present
     debug: bool  # show tracebacks in the CLI
 
 
 def read_env() -> EnvSettings:
-    return EnvSettings(home=_str("HOME", None), no_cuda=_bool("NO_CUDA", False), debug=_bool("DEBUG", False))
+    return EnvSettings(home=_str("HOME", None), cache_dir=_str("CACHE_DIR", None), no_cuda=_bool("NO_CUDA", False),
+                       debug=_bool("DEBUG", False))
