@@ -150,7 +150,8 @@ class Engine:
         with self._exclusive():
             try:
                 state = self.runner.new_state()
-                for token in generate_tokens(self.runner, state, prompt, params, self.eos_ids, stats, cancel):
+                for token in generate_tokens(self.runner, state, prompt, params, self.eos_ids, stats, cancel,
+                                             vocab_limit=self.tokenizer.vocab_size):
                     if token in self.eos_ids:
                         continue
                     for kind, piece in splitter.push(decoder.push(token)):

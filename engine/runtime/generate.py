@@ -41,9 +41,12 @@ class GenerationStats:
 
 
 def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], params: SamplingParams,
-                    eos_ids: tuple[int, ...], stats: GenerationStats,
-                    cancel: threading.Event | None = None) -> Iterator[int]:
-    """Yields each sampled token id (EOS included, then stops). Sets stats.finish_reason."""
+                    eos_ids: tuple[int, ...], stats: GenerationStats, cancel: threading.Event | None = None,
+                    vocab_limit: int | None = None) -> Iterator[int]:
+    """Yields each sampled token id (EOS included, then stops). Sets stats.finish_reason.
+
+    vocab_limit: ids at or above it (the embedding's padding rows, which the tokenizer cannot decode) are
+    never sampled."""
     device = runner.model.device
     gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
     stats.prompt_tokens = len(prompt)
@@ -51,7 +54,7 @@ def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], par
     try:
         t0 = time.perf_counter()
         logits = runner.prefill(state, torch.tensor(prompt, dtype=torch.long, device=device), cancel=cancel)
-        token = sample(logits[-1].cpu(), params, gen)
+        token = sample(_valid(logits[-1], vocab_limit), params, gen)
         stats.prefill_s = stats.ttft_s = time.perf_counter() - t0
         for produced in range(1, params.max_tokens + 1):
             stats.completion_tokens = produced
@@ -68,8 +71,16 @@ def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], par
                 return
             t1 = time.perf_counter()
             logits = runner.decode(state, torch.tensor([token], device=device))
-            token = sample(logits[-1].cpu(), params, gen)
+            token = sample(_valid(logits[-1], vocab_limit), params, gen)
             stats.decode_s += time.perf_counter() - t1
         stats.finish_reason = "length"
     except GenerationCancelled:
         stats.finish_reason = "cancelled"
+
+
+def _valid(logits: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
+    logits = logits.float().cpu()
+    if vocab_limit is not None and vocab_limit < logits.shape[-1]:
+        logits = logits.clone()  # an inference-mode tensor cannot be written outside inference mode
+        logits[vocab_limit:] = float("-inf")
+    return logits

@@ -1,0 +1,62 @@
+"""The `qwenlocal` command line: help, placeholders that say what is missing, and a real generate run."""
+import importlib
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from qwenlocal.app.cli import COMMANDS, main
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "qwenlocal.app.cli", *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_help_lists_every_subcommand():
+    out = run_cli("--help")
+    assert out.returncode == 0
+    for name in ("chat", "bench", "probe", "download", "generate"):
+        assert name in out.stdout
+
+
+def test_app_side_does_not_import_torch():
+    code = "import sys, qwenlocal.app.cli as c; c.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("name", ["bench", "download"])
+def test_unbuilt_commands_say_so_and_fail(name, capsys):
+    source = inspect.getsource(importlib.import_module(COMMANDS[name][0]))
+    if "not built yet" not in source:
+        pytest.skip(f"{name} is built now; its own tests cover it")
+    assert main([name]) == 1
+    assert "not built yet" in capsys.readouterr().err
+
+
+def test_generate_streams_a_reply_from_a_checkpoint(tiny_ckpt, tmp_path):
+    import os
+
+    env = dict(os.environ, QWENLOCAL_HOME=str(tmp_path))
+    out = run_cli("generate", "Hello", "--model", str(tiny_ckpt), "--max-tokens", "8", "--seed", "1",
+                  "--device", "cpu", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "tokens, TTFT" in out.stderr
+
+
+def test_generate_with_a_bad_model_path_is_a_clear_error(tmp_path):
+    assert main(["generate", "hi", "--model", str(tmp_path / "nope")]) == 1
+
+
+def test_demo_model_is_generated_once_and_atomically(tmp_path, monkeypatch):
+    monkeypatch.setenv("QWENLOCAL_HOME", str(tmp_path))
+    from qwenlocal.app.models import resolve_model
+
+    first = resolve_model(None)
+    assert first.is_demo and (first.path / "config.json").is_file()
+    stamp = (first.path / "config.json").stat().st_mtime_ns
+    assert resolve_model(None).path == first.path
+    assert (first.path / "config.json").stat().st_mtime_ns == stamp
+    assert not [p for p in first.path.parent.iterdir() if p.name.startswith(".")]

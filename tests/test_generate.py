@@ -1,0 +1,147 @@
+"""Sampling, the generation loop and Engine.chat on a tiny checkpoint (CPU)."""
+import threading
+
+import pytest
+import torch
+
+from qwenlocal.engine.errors import ContextLimitError, OptionError
+from qwenlocal.engine.events import ReasoningDelta, Stats, TokenDelta, TurnDone
+from qwenlocal.engine.runtime.sampler import SamplingParams, defaults_from_generation_config, sample
+
+MSG = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def test_greedy_is_argmax_and_top_k_1_agrees():
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    assert sample(logits, SamplingParams(temperature=0), None) == int(logits.argmax())
+    gen = torch.Generator().manual_seed(1)
+    assert sample(logits, SamplingParams(temperature=1.0, top_k=1), gen) == int(logits.argmax())
+
+
+def test_top_p_keeps_the_smallest_covering_set():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    gen = torch.Generator().manual_seed(0)
+    seen = {sample(logits, SamplingParams(temperature=1.0, top_p=0.7), gen) for _ in range(300)}
+    assert seen == {0, 1}
+
+
+def test_seeded_sampling_is_reproducible():
+    logits = torch.randn(1000)
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50)
+    draws = [[sample(logits, params, torch.Generator().manual_seed(5)) for _ in range(3)] for _ in range(2)]
+    assert draws[0] == draws[1]
+
+
+@pytest.mark.parametrize("bad", [{"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2},
+                                 {"max_tokens": 0}, {"seed": "x"}])
+def test_bad_sampling_values_are_rejected(bad):
+    with pytest.raises(OptionError):
+        SamplingParams().updated(bad)
+
+
+def test_unknown_sampling_key_is_rejected():
+    with pytest.raises(OptionError, match="unknown sampling"):
+        SamplingParams().updated({"temprature": 0.5})
+
+
+def test_generation_config_defaults(tiny_ckpt):
+    p = defaults_from_generation_config(tiny_ckpt)
+    assert (p.temperature, p.top_p, p.top_k) == (1.0, 0.95, 20)
+
+
+def test_greedy_generation_follows_score_argmax(tiny_engine):
+    """Greedy tokens from prefill + decode steps are the argmax of teacher-forced logits of the same sequence."""
+    from qwenlocal.engine.runtime.generate import GenerationStats, generate_tokens
+
+    prompt = tiny_engine.tokenizer.encode_chat(MSG, enable_thinking=False)
+    runner = tiny_engine.runner
+    tokens = list(generate_tokens(runner, runner.new_state(), prompt, SamplingParams(temperature=0, max_tokens=12),
+                                  (), GenerationStats(), vocab_limit=tiny_engine.tokenizer.vocab_size))
+    assert len(tokens) == 12
+    logits = tiny_engine.score(prompt + tokens[:-1], prefill=len(prompt))
+    assert logits[len(prompt) - 1:, : tiny_engine.tokenizer.vocab_size].argmax(-1).tolist() == tokens
+
+
+def test_chat_events_and_max_tokens(tiny_engine):
+    events = list(tiny_engine.chat(MSG, {"temperature": 1.0, "seed": 3, "max_tokens": 20}))
+    done = events[-1]
+    assert isinstance(done, TurnDone)
+    assert done.completion_tokens <= 20
+    if done.finish_reason == "length":
+        assert done.completion_tokens == 20
+    streamed_answer = "".join(e.text for e in events if isinstance(e, TokenDelta))
+    streamed_reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    assert streamed_answer == done.text and streamed_reasoning == done.reasoning
+    assert done.stats["prompt_tokens"] == done.prompt_tokens
+    assert all(isinstance(e, (TokenDelta, ReasoningDelta, Stats)) for e in events[:-1])
+
+
+def test_same_seed_same_reply(tiny_engine):
+    runs = [list(tiny_engine.chat(MSG, {"temperature": 1.0, "seed": 11, "max_tokens": 16}))[-1] for _ in range(2)]
+    assert runs[0].text == runs[1].text and runs[0].reasoning == runs[1].reasoning
+
+
+def test_thinking_off_starts_in_the_answer(tiny_engine):
+    text = tiny_engine.tokenizer.render(MSG, enable_thinking=False)
+    assert text.endswith("<think>\n\n</think>\n\n")
+    done = list(tiny_engine.chat(MSG, {"temperature": 1.0, "seed": 2, "max_tokens": 16}, enable_thinking=False))[-1]
+    # Only a <think> the model itself emits could open a reasoning block.
+    assert done.reasoning == "" or "<think>" in tiny_engine.tokenizer.decode(tiny_engine.tokenizer.encode(done.text))
+
+
+def test_cancel_stops_within_one_step(tiny_engine):
+    cancel = threading.Event()
+    produced = 0
+    for event in tiny_engine.chat(MSG, {"temperature": 1.0, "seed": 4, "max_tokens": 200}, cancel=cancel):
+        if isinstance(event, (TokenDelta, ReasoningDelta)):
+            produced += 1
+            if produced == 3:
+                cancel.set()
+        if isinstance(event, TurnDone):
+            done = event
+    assert done.finish_reason == "cancelled"
+    # Tokens already sampled when the flag was set may still stream; no new decode step runs.
+    assert done.completion_tokens <= 6
+
+
+def test_bad_messages_fail_before_any_work(tiny_engine):
+    with pytest.raises(OptionError, match="role"):
+        tiny_engine.chat([{"role": "wizard", "content": "hi"}])
+    with pytest.raises(OptionError):
+        tiny_engine.chat([])
+
+
+def test_prompt_past_the_context_is_a_clear_error(tiny_ckpt):
+    from qwenlocal.engine import Engine
+
+    small = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"max_context": 16})
+    with pytest.raises(ContextLimitError, match="context limit"):
+        small.chat(MSG)
+    with pytest.raises(ContextLimitError):
+        small.score(list(range(17)))
+
+
+def test_reply_stops_at_the_context_limit(tiny_ckpt):
+    from qwenlocal.engine import Engine
+
+    prompt_len = len(Engine.from_pretrained(tiny_ckpt, device="cpu").tokenizer.encode_chat(MSG))
+    small = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"max_context": prompt_len + 4})
+    done = list(small.chat(MSG, {"temperature": 1.0, "seed": 1, "max_tokens": 50}))[-1]
+    assert done.finish_reason in ("context", "stop") and done.completion_tokens <= 5
+
+
+def test_score_argument_checks(tiny_engine):
+    with pytest.raises(OptionError):
+        tiny_engine.score([1, 2, 3], prefill=4)
+    with pytest.raises(OptionError):
+        tiny_engine.score([tiny_engine.config.vocab_size])
+    assert tiny_engine.score([1, 2, 3], prefill=0).shape == (3, tiny_engine.config.vocab_size)
+
+
+def test_padding_rows_of_the_vocabulary_are_never_sampled(tiny_engine):
+    limit = tiny_engine.tokenizer.vocab_size
+    assert limit < tiny_engine.config.vocab_size  # the tiny embedding is padded like the real one
+    for seed in range(5):
+        done = list(tiny_engine.chat(MSG, {"temperature": 2.0, "top_p": 1.0, "top_k": 0, "seed": seed,
+                                           "max_tokens": 40}))[-1]
+        assert isinstance(done, TurnDone)
