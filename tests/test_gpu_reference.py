@@ -1,0 +1,59 @@
+"""GPU tier (run with `pytest -m gpu` on a CUDA machine): the engine in bf16 on the GPU against the
+float32 CPU reference and against transformers on the GPU."""
+import pytest
+import torch
+
+from qwenlocal.engine import Engine
+
+pytestmark = pytest.mark.gpu
+REL_TOL = 2e-2
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative error over the whole logits tensor (Frobenius), the bf16-level measure of the gate."""
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def prompts(vocab: int, seed: int = 7):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen) for n in (64, 131, 300)]
+
+
+@pytest.fixture(scope="module", params=["tiny_ckpt", "odd_ckpt"])
+def ckpt(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.mark.parametrize("prefill", [None, 40])
+def test_bf16_gpu_score_matches_fp32_cpu_reference(ckpt, prefill):
+    cpu = Engine.from_pretrained(ckpt, device="cpu", dtype=torch.float32, options={"prefill_chunk": 37})
+    gpu = Engine.from_pretrained(ckpt, device="cuda", dtype=torch.bfloat16, options={"prefill_chunk": 37})
+    for ids in prompts(cpu.config.vocab_size):
+        ref, ours = cpu.score(ids, prefill=prefill), gpu.score(ids, prefill=prefill)
+        assert torch.isfinite(ours).all()
+        err = rel_err(ours, ref)
+        print(f"{ckpt.name} n={len(ids)} prefill={prefill} bf16-gpu vs fp32-cpu rel={err:.2e}")
+        assert err <= REL_TOL
+
+
+def test_bf16_gpu_score_matches_transformers_on_gpu(ckpt):
+    transformers = pytest.importorskip("transformers", minversion="5.2")
+    hf = transformers.Qwen3_5MoeForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).cuda().eval()
+    gpu = Engine.from_pretrained(ckpt, device="cuda", dtype=torch.bfloat16, options={"prefill_chunk": 64})
+    for ids in prompts(gpu.config.vocab_size, seed=3):
+        with torch.no_grad():
+            ref = hf(ids[None].cuda()).logits[0].float().cpu()
+        err = rel_err(gpu.score(ids), ref)
+        print(f"{ckpt.name} n={len(ids)} bf16-gpu vs transformers-bf16-gpu rel={err:.2e}")
+        assert err <= REL_TOL
+
+
+def test_fp32_gpu_matches_fp32_cpu(ckpt):
+    """The same code on both devices in fp32: agreement far below the bf16 level."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cpu = Engine.from_pretrained(ckpt, device="cpu", dtype=torch.float32)
+    gpu = Engine.from_pretrained(ckpt, device="cuda", dtype=torch.float32)
+    ids = prompts(cpu.config.vocab_size)[1]
+    err = (gpu.score(ids, prefill=100) - cpu.score(ids, prefill=100)).abs().max().item()
+    print(f"{ckpt.name} fp32 gpu vs cpu max abs={err:.2e}")
+    assert err <= 1e-3
