@@ -16,7 +16,7 @@ t0=$(date +%s)
 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/ 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 t1=$(date +%s)
-python3 scripts/gpu_probe.py --out "$OUT" 2>&1 | tee "$OUT/probe.log"
+python3 scripts/gpu_probe.py --out "$OUT" --full 2>&1 | tee "$OUT/probe.log"
 probe_rc=${PIPESTATUS[0]}
 t2=$(date +%s)
 
