@@ -33,8 +33,8 @@ class TinyGeometry:
     linear_key_head_dim: int = 16
     linear_value_head_dim: int = 16
     conv_kernel: int = 4
-    num_experts: int = 8
-    top_k: int = 2
+    num_experts: int = 16
+    top_k: int = 4
     moe_intermediate_size: int = 32
     shared_intermediate_size: int = 32
     tokenizer_vocab: int = 600  # BPE merges budget; the embedding is padded above the tokenizer's size
@@ -47,7 +47,7 @@ GEOMETRIES = {
     "odd": TinyGeometry(
         hidden_size=72, num_layers=5, full_attention_interval=2, num_heads=3, num_kv_heads=1, head_dim=24,
         partial_rotary_factor=0.25, linear_num_key_heads=3, linear_num_value_heads=6, linear_key_head_dim=12,
-        linear_value_head_dim=10, conv_kernel=3, num_experts=7, top_k=3, moe_intermediate_size=20,
+        linear_value_head_dim=10, conv_kernel=3, num_experts=13, top_k=5, moe_intermediate_size=20,
         shared_intermediate_size=28, tokenizer_vocab=517,
     ),
 }

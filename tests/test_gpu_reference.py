@@ -1,5 +1,9 @@
 """GPU tier (run with `pytest -m gpu` on a CUDA machine): the engine in bf16 on the GPU against the
-float32 CPU reference and against transformers on the GPU."""
+float32 CPU reference and against transformers on the GPU.
+
+"The bf16 level" is measured, not assumed: transformers' own bf16 run of the same tiny model is scored
+against the same float32 reference, and ours must be within 2e-2 or within 1.5x of what transformers
+reaches (random tiny models amplify bf16 rounding through routing flips far more than a trained one)."""
 import pytest
 import torch
 
@@ -24,21 +28,31 @@ def ckpt(request):
     return request.getfixturevalue(request.param)
 
 
+def hf_gpu(ckpt, dtype):
+    transformers = pytest.importorskip("transformers", minversion="5.2")
+    # eager experts: transformers' grouped_mm needs 16-byte strides, which the odd geometry does not have.
+    return transformers.Qwen3_5MoeForCausalLM.from_pretrained(
+        ckpt, dtype=dtype, experts_implementation="eager").cuda().eval()
+
+
 @pytest.mark.parametrize("prefill", [None, 40])
 def test_bf16_gpu_score_matches_fp32_cpu_reference(ckpt, prefill):
     cpu = Engine.from_pretrained(ckpt, device="cpu", dtype=torch.float32, options={"prefill_chunk": 37})
     gpu = Engine.from_pretrained(ckpt, device="cuda", dtype=torch.bfloat16, options={"prefill_chunk": 37})
+    hf = hf_gpu(ckpt, torch.bfloat16)
     for ids in prompts(cpu.config.vocab_size):
         ref, ours = cpu.score(ids, prefill=prefill), gpu.score(ids, prefill=prefill)
+        with torch.no_grad():
+            hf_err = rel_err(hf(ids[None].cuda()).logits[0].float().cpu(), ref)
         assert torch.isfinite(ours).all()
         err = rel_err(ours, ref)
-        print(f"{ckpt.name} n={len(ids)} prefill={prefill} bf16-gpu vs fp32-cpu rel={err:.2e}")
-        assert err <= REL_TOL
+        print(f"{ckpt.name} n={len(ids)} prefill={prefill} bf16-gpu vs fp32-cpu rel={err:.2e} "
+              f"(transformers bf16 vs fp32-cpu rel={hf_err:.2e})")
+        assert err <= max(REL_TOL, 1.5 * hf_err)
 
 
 def test_bf16_gpu_score_matches_transformers_on_gpu(ckpt):
-    transformers = pytest.importorskip("transformers", minversion="5.2")
-    hf = transformers.Qwen3_5MoeForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).cuda().eval()
+    hf = hf_gpu(ckpt, torch.bfloat16)
     gpu = Engine.from_pretrained(ckpt, device="cuda", dtype=torch.bfloat16, options={"prefill_chunk": 64})
     for ids in prompts(gpu.config.vocab_size, seed=3):
         with torch.no_grad():
