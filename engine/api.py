@@ -143,7 +143,7 @@ class Engine:
     def _stream(self, prompt: list[int], prompt_text: str, params: SamplingParams,
                 cancel: threading.Event | None) -> Iterator[Event]:
         stats = GenerationStats()
-        decoder = StreamDecoder(self.tokenizer)
+        decoder = StreamDecoder(self.tokenizer, skip_special_tokens=True)
         splitter = ThinkSplitter(in_thinking=prompt_text.rstrip("\n").endswith("<think>"))
         text, reasoning = [], []
         last_stats = time.perf_counter()

@@ -145,3 +145,11 @@ def test_padding_rows_of_the_vocabulary_are_never_sampled(tiny_engine):
         done = list(tiny_engine.chat(MSG, {"temperature": 2.0, "top_p": 1.0, "top_k": 0, "seed": seed,
                                            "max_tokens": 40}))[-1]
         assert isinstance(done, TurnDone)
+
+
+def test_special_tokens_never_reach_the_reply_text(tiny_engine):
+    specials = ["<|vision_start|>", "<|im_start|>", "<|endoftext|>", "<|image_pad|>"]
+    for seed in range(6):
+        done = list(tiny_engine.chat(MSG, {"temperature": 3.0, "top_k": 0, "top_p": 1.0, "seed": seed,
+                                           "max_tokens": 60}))[-1]
+        assert not any(s in done.text or s in done.reasoning for s in specials)
