@@ -14,10 +14,12 @@ from .env import read_env
 from .errors import ContextLimitError, OptionError, QwenlocalError
 from .events import EngineError, Event, ReasoningDelta, Stats, TokenDelta, TurnDone
 from .load import load_weights
+from .model.kernels import select_kernels
 from .model.qwen3_5_moe import Qwen35MoeModel
 from .options import EngineOptions
 from .runtime.generate import GenerationStats, generate_tokens
 from .runtime.runner import Runner
+from .synthetic import is_synthetic, synthetic_geometry, synthetic_model, synthetic_tokenizer_dir
 from .runtime.sampler import SamplingParams, defaults_from_generation_config, eos_from_generation_config
 from .tokenizer import ChatTokenizer, StreamDecoder, ThinkSplitter
 
@@ -53,9 +55,14 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
     return out
 
 
+def context_limit(config: ModelConfig, options: EngineOptions) -> int:
+    return min(options.max_context or config.max_position_embeddings, config.max_position_embeddings)
+
+
 class Engine:
     def __init__(self, model_dir: Path, config: ModelConfig, model: Qwen35MoeModel, tokenizer: ChatTokenizer,
-                 options: EngineOptions, sampling_defaults: SamplingParams, eos_ids: tuple[int, ...]):
+                 options: EngineOptions, sampling_defaults: SamplingParams, eos_ids: tuple[int, ...],
+                 max_context: int):
         self.model_dir = model_dir
         self.config = config
         self.model = model
@@ -63,8 +70,8 @@ class Engine:
         self.options = options
         self.sampling_defaults = sampling_defaults
         self.eos_ids = eos_ids
-        self.max_context = min(options.max_context or config.max_position_embeddings, config.max_position_embeddings)
-        self.runner = Runner(model, options.prefill_chunk, self.max_context)
+        self.max_context = max_context
+        self.runner = Runner(model, options.prefill_chunk, max_context, options.cuda_graphs)
         self._busy = threading.Lock()
         self._last: GenerationStats | None = None
         self._totals = {"prompt_tokens": 0, "completion_tokens": 0, "turns": 0}
@@ -79,16 +86,25 @@ class Engine:
         dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise OptionError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
-        model_dir = Path(path)
-        # Everything cheap is validated before the weights are read.
-        config = load_model_config(model_dir)
-        tokenizer = ChatTokenizer.from_dir(model_dir)
-        ckpt = Checkpoint(model_dir)
-        step = (lambda done, total: progress("weights", done, total)) if progress else None
-        weights = load_weights(ckpt, config, dtype, dev, progress=step)
-        model = Qwen35MoeModel(config, weights)
+        if is_synthetic(path):
+            _, geometry, _ = synthetic_geometry(str(path))
+            model_dir = Path(synthetic_tokenizer_dir(geometry))
+            tokenizer = ChatTokenizer.from_dir(model_dir)
+            padded_vocab = -(-tokenizer.vocab_size // 64) * 64
+            config, weights = synthetic_model(str(path), dev, dtype, padded_vocab)
+        else:
+            model_dir = Path(path)
+            # Everything cheap is validated before the weights are read.
+            config = load_model_config(model_dir)
+            tokenizer = ChatTokenizer.from_dir(model_dir)
+            ckpt = Checkpoint(model_dir)
+            step = (lambda done, total: progress("weights", done, total)) if progress else None
+            weights = load_weights(ckpt, config, dtype, dev, progress=step)
+        max_context = context_limit(config, opts)
+        model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context))
         eos = eos_from_generation_config(model_dir) or tokenizer.eos_token_ids or config.eos_token_ids
-        return cls(model_dir, config, model, tokenizer, opts, defaults_from_generation_config(model_dir), eos)
+        return cls(model_dir, config, model, tokenizer, opts, defaults_from_generation_config(model_dir), eos,
+                   max_context)
 
     @property
     def device(self) -> torch.device:
@@ -96,14 +112,21 @@ class Engine:
 
     @property
     def plan(self) -> dict:
-        """The resolved execution choices and why (the reference path until the GPU runtime lands)."""
-        return {
+        """The resolved execution choices and why."""
+        out = {
             "device": {"value": self.device.type, "reason": "chosen device"},
             "dtype": {"value": str(self.model.dtype).replace("torch.", ""), "reason": "compute dtype"},
             "prefill_chunk": {"value": self.options.prefill_chunk, "reason": "engine option"},
-            "attention": {"value": "sdpa", "reason": "torch SDPA over a contiguous KV cache (reference path)"},
             "max_context": {"value": self.max_context, "reason": "model limit, or the max_context option"},
         }
+        for part, (name, reason) in self.model.kernels.choices.items():
+            out[part] = {"value": name, "reason": reason}
+        graphs = self.runner.use_graph
+        why = ("the decode step replays one captured CUDA graph" if graphs else
+               "off by option" if not self.options.cuda_graphs else
+               "needs CUDA, FlashInfer and the Triton MoE kernels")
+        out["cuda_graphs"] = {"value": graphs, "reason": why}
+        return out
 
     def score(self, token_ids: Sequence[int] | torch.Tensor, prefill: int | None = None) -> torch.Tensor:
         """Teacher forcing: float32 logits [len, vocab]. prefill=K: the first K tokens through prefill (in

@@ -50,6 +50,14 @@ GEOMETRIES = {
         linear_value_head_dim=10, conv_kernel=3, num_experts=13, top_k=5, moe_intermediate_size=20,
         shared_intermediate_size=28, tokenizer_vocab=517,
     ),
+    # The real model's head sizes scaled down, inside what FlashInfer and fla compile for (head_dim 64,
+    # k/v head dim 64): the GPU tier runs the fast kernels and CUDA graphs on it.
+    "small": TinyGeometry(
+        hidden_size=256, num_layers=4, full_attention_interval=2, num_heads=4, num_kv_heads=2, head_dim=64,
+        partial_rotary_factor=0.25, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+        linear_value_head_dim=64, conv_kernel=4, num_experts=32, top_k=4, moe_intermediate_size=64,
+        shared_intermediate_size=64, tokenizer_vocab=600,
+    ),
 }
 
 
@@ -83,7 +91,8 @@ def config_dict(g: TinyGeometry, vocab_size: int, bos_id: int) -> dict:
     }
 
 
-def random_weights(g: TinyGeometry, vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
+def random_weights(g: TinyGeometry, vocab_size: int, seed: int, device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Seeded weights at scales that keep activations O(1), so logits differ visibly between tokens.
 
     The decay (A, in_proj_a), beta (in_proj_b) and router scales are moderate on purpose: with A up to 16 and
@@ -91,16 +100,21 @@ def random_weights(g: TinyGeometry, vocab_size: int, seed: int) -> dict[str, tor
     differed from its one-shot run by 1.0e-4 (measured), which would make a 1e-4 gate test the test model's
     conditioning rather than the engine.
     """
-    gen = torch.Generator().manual_seed(seed)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
     h, i_moe, i_sh = g.hidden_size, g.moe_intermediate_size, g.shared_intermediate_size
 
+    def randn(*shape: int) -> torch.Tensor:
+        # Generated in place on the target device and dtype: the full-size synthetic model never exists in fp32.
+        return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+
     def mat(out: int, inp: int, *lead: int) -> torch.Tensor:
-        return torch.randn(*lead, out, inp, generator=gen) / math.sqrt(inp)
+        return randn(*lead, out, inp).div_(math.sqrt(inp))
 
     def vec(n: int, scale: float = 0.1) -> torch.Tensor:
-        return torch.randn(n, generator=gen) * scale
+        return randn(n).mul_(scale)
 
-    w: dict[str, torch.Tensor] = {"embed_tokens.weight": torch.randn(vocab_size, h, generator=gen),
+    w: dict[str, torch.Tensor] = {"embed_tokens.weight": randn(vocab_size, h),
                                   "norm.weight": vec(h), "lm_head.weight": mat(vocab_size, h)}
     k_dim = g.linear_num_key_heads * g.linear_key_head_dim
     v_dim = g.linear_num_value_heads * g.linear_value_head_dim
@@ -112,11 +126,11 @@ def random_weights(g: TinyGeometry, vocab_size: int, seed: int) -> dict[str, tor
             w[p + "linear_attn.in_proj_z.weight"] = mat(v_dim, h)
             w[p + "linear_attn.in_proj_b.weight"] = mat(g.linear_num_value_heads, h) * 0.5
             w[p + "linear_attn.in_proj_a.weight"] = mat(g.linear_num_value_heads, h) * 0.5
-            w[p + "linear_attn.conv1d.weight"] = torch.randn(2 * k_dim + v_dim, 1, g.conv_kernel, generator=gen) * 0.35
-            w[p + "linear_attn.dt_bias"] = torch.ones(g.linear_num_value_heads) + vec(g.linear_num_value_heads)
-            a = torch.empty(g.linear_num_value_heads).uniform_(1, 4, generator=gen)
+            w[p + "linear_attn.conv1d.weight"] = randn(2 * k_dim + v_dim, 1, g.conv_kernel).mul_(0.35)
+            w[p + "linear_attn.dt_bias"] = vec(g.linear_num_value_heads).add_(1.0).float()
+            a = torch.empty(g.linear_num_value_heads, device=device).uniform_(1, 4, generator=gen)
             w[p + "linear_attn.A_log"] = torch.log(a)
-            w[p + "linear_attn.norm.weight"] = torch.ones(g.linear_value_head_dim) + vec(g.linear_value_head_dim)
+            w[p + "linear_attn.norm.weight"] = vec(g.linear_value_head_dim).add_(1.0)
             w[p + "linear_attn.out_proj.weight"] = mat(h, v_dim)
         else:
             w[p + "self_attn.q_proj.weight"] = mat(g.num_heads * g.head_dim * 2, h)
@@ -125,7 +139,7 @@ def random_weights(g: TinyGeometry, vocab_size: int, seed: int) -> dict[str, tor
             w[p + "self_attn.o_proj.weight"] = mat(h, g.num_heads * g.head_dim)
             w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"] = vec(g.head_dim), vec(g.head_dim)
         # Router logits scaled up so that top-k choices are decisive and vary between tokens.
-        w[p + "mlp.gate.weight"] = mat(g.num_experts, h) * 1.5
+        w[p + "mlp.gate.weight"] = mat(g.num_experts, h).mul_(1.5)
         w[p + "mlp.experts.gate_up_proj"] = mat(2 * i_moe, h, g.num_experts)
         w[p + "mlp.experts.down_proj"] = mat(h, i_moe, g.num_experts)
         w[p + "mlp.shared_expert.gate_proj.weight"] = mat(i_sh, h)

@@ -28,7 +28,21 @@ def odd_ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def small_ckpt(tmp_path_factory):
+    """Head sizes FlashInfer and fla handle: the GPU tier's fast-kernel and CUDA-graph model."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("small"), "small", seed=3)
+
+
+@pytest.fixture(scope="session")
 def tiny_engine(tiny_ckpt):
     from qwenlocal.engine import Engine
 
     return Engine.from_pretrained(tiny_ckpt, device="cpu", dtype=torch.float32, options={"prefill_chunk": 16})
+
+
+# Without a GPU, Triton kernels run in Triton's interpreter (numpy on the CPU), so the kernel tests check the
+# same kernel source against its torch reference in CI. Set before anything imports triton.
+if not torch.cuda.is_available():
+    import os
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -23,7 +23,7 @@ def prompts(vocab: int, seed: int = 7):
     return [torch.randint(0, vocab, (n,), generator=gen) for n in (64, 131, 300)]
 
 
-@pytest.fixture(scope="module", params=["tiny_ckpt", "odd_ckpt"])
+@pytest.fixture(scope="module", params=["tiny_ckpt", "odd_ckpt", "small_ckpt"])
 def ckpt(request):
     return request.getfixturevalue(request.param)
 

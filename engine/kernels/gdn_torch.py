@@ -64,3 +64,21 @@ def recurrent_gated_delta_rule(
         s = s + k[:, i, :, None] * delta[:, None, :]
         out[:, i] = (s * q[:, i, :, None]).sum(dim=-2)
     return out, s
+
+
+def gdn_core_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   state: torch.Tensor, decode: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GatedDeltaNet core on raw projections: q, k [T, Hk, K]; v [T, Hv, V]; g, beta [T, Hv] (fp32);
+    state [Hv, K, V] fp32. L2-normalises q/k in fp32, scales q by K^-0.5, maps k-heads to value heads by
+    repeat_interleave, runs the chunked (prefill) or recurrent (decode) rule. -> (o [T, Hv, V] fp32, state)."""
+    rep = v.shape[1] // k.shape[1]
+    q = l2norm(q.float()).repeat_interleave(rep, dim=1) * q.shape[-1] ** -0.5
+    k = l2norm(k.float()).repeat_interleave(rep, dim=1)
+    rule = recurrent_gated_delta_rule if decode else chunk_gated_delta_rule
+    out, new_state = rule(q.transpose(0, 1), k.transpose(0, 1), v.float().transpose(0, 1), g.transpose(0, 1),
+                          beta.transpose(0, 1), state)
+    return out.transpose(0, 1), new_state
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)

@@ -43,16 +43,16 @@ class StateSnapshot:
 
 
 class SequenceState:
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_len: int):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_len: int, attention):
         self.max_len = max_len
         self.seq_len = 0
-        a, lin = cfg.attention, cfg.linear
-        self.kv: dict[int, ContiguousKV] = {}
+        lin = cfg.linear
+        self.kv: dict = {}
         self.conv: dict[int, torch.Tensor] = {}
         self.recurrent: dict[int, torch.Tensor] = {}
         for i, kind in enumerate(cfg.layer_types):
             if kind == FULL_ATTENTION:
-                self.kv[i] = ContiguousKV(a.num_kv_heads, a.head_dim, dtype, device)
+                self.kv[i] = attention.new_kv(dtype, device, max_len)
             else:
                 self.conv[i] = torch.zeros(lin.conv_dim, lin.conv_kernel - 1, dtype=dtype, device=device)
                 # fp32 whatever the compute dtype (mamba_ssm_dtype float32).
@@ -73,6 +73,14 @@ class SequenceState:
             {i: t.clone() for i, t in self.conv.items()},
             {i: t.clone() for i, t in self.recurrent.items()},
         )
+
+    def reset(self) -> None:
+        """Back to an empty sequence, keeping every buffer (a captured graph holds their addresses)."""
+        self.seq_len = 0
+        for t in self.conv.values():
+            t.zero_()
+        for t in self.recurrent.values():
+            t.zero_()
 
     def restore(self, snap: StateSnapshot) -> None:
         self.seq_len = snap.seq_len

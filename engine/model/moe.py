@@ -33,9 +33,9 @@ def routed_experts_reference(
 
 
 class SparseMoE:
-    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor]):
+    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels):
         p = f"layers.{layer}.mlp."
-        self.layer, self.top_k = layer, cfg.moe.top_k
+        self.layer, self.top_k, self.kernels = layer, cfg.moe.top_k, kernels
         self.router_w = w[p + "gate.weight"]
         self.gate_up, self.down = w[p + "experts.gate_up_proj"], w[p + "experts.down_proj"]
         self.shared = tuple(w[p + f"shared_expert.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj"))
@@ -44,7 +44,8 @@ class SparseMoE:
     def shared_expert(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(F.linear(x, self.shared_gate)) * swiglu(x, *self.shared)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         weights, ids = route(x, self.router_w, self.top_k)
-        routed = routed_experts_reference(x, weights, ids, self.gate_up, self.down)
+        experts = self.kernels.experts_decode if decode and x.shape[0] == 1 else self.kernels.experts_prefill
+        routed = experts(x, weights, ids, self.gate_up, self.down)
         return routed + self.shared_expert(x)

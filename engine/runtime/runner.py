@@ -1,7 +1,9 @@
-"""The model runner: prefill in chunks and the one-token decode step over a SequenceState.
+"""The model runner: chunked prefill and the one-token decode step over one SequenceState.
 
-Every caller (score, chat, bench) goes through these two entry points, so comparing their outputs compares
-the real paths.
+Every caller (score, chat, bench) goes through these entry points, so comparing their outputs compares the
+real paths. The runner owns the sequence's length on the host; the model itself only computes.
+On CUDA with graph-safe kernels the decode step replays one captured graph; one state per runner is kept
+(its buffers are what the graph reads) and reset in place for each new sequence.
 """
 from __future__ import annotations
 
@@ -12,16 +14,42 @@ import torch
 from ..errors import GenerationCancelled
 from ..model.cache import SequenceState
 from ..model.qwen3_5_moe import Qwen35MoeModel
+from .graph import DecodeGraph
 
 
 class Runner:
-    def __init__(self, model: Qwen35MoeModel, prefill_chunk: int, max_context: int):
+    def __init__(self, model: Qwen35MoeModel, prefill_chunk: int, max_context: int, cuda_graphs: bool):
         self.model = model
         self.prefill_chunk = prefill_chunk
         self.max_context = max_context
+        self.use_graph = cuda_graphs and model.device.type == "cuda" and model.kernels.graph_safe
+        self._state: SequenceState | None = None
+        self._graph: DecodeGraph | None = None
 
     def new_state(self) -> SequenceState:
-        return SequenceState(self.model.cfg, self.model.dtype, self.model.device, self.max_context)
+        """An empty sequence. With graphs, the one graph-bound state, reset in place."""
+        if not self.use_graph:
+            return self._make_state()
+        if self._state is None:
+            self._state = self._make_state()
+            self._graph = DecodeGraph(self.model, self._state)
+            self._graph.capture()
+        self._state.reset()
+        return self._state
+
+    def _make_state(self) -> SequenceState:
+        m = self.model
+        return SequenceState(m.cfg, m.dtype, m.device, self.max_context, m.kernels.attention)
+
+    @torch.inference_mode()
+    def _forward(self, state: SequenceState, ids: torch.Tensor, decode: bool) -> torch.Tensor:
+        t, start = ids.shape[0], state.seq_len
+        state.check_room(t)
+        positions = torch.arange(start, start + t, device=self.model.device)
+        self.model.kernels.attention.prepare(start, t, decode)
+        hidden = self.model.forward(ids, positions, state, start, decode)
+        state.seq_len += t
+        return hidden
 
     @torch.inference_mode()
     def prefill(self, state: SequenceState, ids: torch.Tensor, all_logits: bool = False,
@@ -32,8 +60,7 @@ class Runner:
         for start in range(0, ids.shape[0], self.prefill_chunk):
             if cancel is not None and cancel.is_set():
                 raise GenerationCancelled("prefill cancelled")
-            chunk = ids[start:start + self.prefill_chunk]
-            hidden = self.model.forward(chunk, state, decode=False)
+            hidden = self._forward(state, ids[start:start + self.prefill_chunk], decode=False)
             if all_logits:
                 outputs.append(self.model.logits(hidden))
         if all_logits:
@@ -43,4 +70,9 @@ class Runner:
     @torch.inference_mode()
     def decode(self, state: SequenceState, token: torch.Tensor) -> torch.Tensor:
         """One token [1] through the decode step -> float32 logits [1, V]."""
-        return self.model.logits(self.model.forward(token, state, decode=True))
+        if self.use_graph and state is self._state:
+            state.check_room(1)
+            logits = self._graph.replay(token, state.seq_len)
+            state.seq_len += 1
+            return logits.clone()
+        return self.model.logits(self._forward(state, token, decode=True))

@@ -1,0 +1,122 @@
+"""Attention backends behind one interface: a KV store per full-attention layer plus `prepare` (once per
+forward, outside any CUDA graph) and `attend` (per layer, inside the graph).
+
+- SdpaAttention: contiguous growing KV + torch SDPA. CPU, and the fallback where FlashInfer is missing.
+  Not graph-safe (its shapes follow the length).
+- FlashInferAttention: paged KV allocated once for the whole context (fixed addresses), FlashInfer's paged
+  prefill wrapper and its CUDA-graph decode wrapper (plan outside the graph, run inside). A single sequence
+  owns pages 0..n-1 in order, so page p holds positions [p*P, (p+1)*P) and a KV write is an index_copy at
+  device-side positions.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .cache import ContiguousKV
+
+_WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's recommended plan/run workspace
+
+
+def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, scale: float) -> torch.Tensor:
+    """q [T, Hq, D] at absolute positions q_start.., k/v [L, Hkv, D] for positions 0..L-1 -> [T, Hq, D]."""
+    t, hq, _ = q.shape
+    group = hq // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).transpose(0, 1)
+    v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+    qh = q.transpose(0, 1)
+    if q_start == 0 and t == k.shape[1]:
+        out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
+    else:
+        q_pos = torch.arange(q_start, q_start + t, device=q.device)
+        mask = torch.arange(k.shape[1], device=q.device)[None, :] <= q_pos[:, None]
+        out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
+    return out.transpose(0, 1)
+
+
+class SdpaAttention:
+    name = "sdpa"
+    graph_safe = False
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+
+    def new_kv(self, dtype: torch.dtype, device: torch.device, max_len: int) -> ContiguousKV:
+        return ContiguousKV(self.num_kv_heads, self.head_dim, dtype, device)
+
+    def prepare(self, start: int, t: int, decode: bool) -> None:
+        pass
+
+    def attend(self, kv: ContiguousKV, q, k, v, positions: torch.Tensor, start: int, decode: bool) -> torch.Tensor:
+        t = q.shape[0]
+        kv.write(start, k, v)
+        k_all, v_all = kv.read(start + t)
+        return sdpa_causal(q, k_all, v_all, start, self.head_dim ** -0.5)
+
+
+@dataclass
+class PagedKV:
+    k: torch.Tensor  # [pages, page_size, kv_heads, head_dim]
+    v: torch.Tensor
+
+    def write(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k.view(-1, *self.k.shape[2:]).index_copy_(0, positions, k)
+        self.v.view(-1, *self.v.shape[2:]).index_copy_(0, positions, v)
+
+
+def flashinfer_available() -> bool:
+    try:
+        import flashinfer  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+class FlashInferAttention:
+    name = "flashinfer"
+    graph_safe = True
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device, max_len: int, page_size: int = 16):
+        import flashinfer
+
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.dtype, self.device, self.page_size = dtype, device, page_size
+        self.max_pages = math.ceil(max_len / page_size)
+        # Prefill and decode keep separate workspaces: a decode plan must not clobber a captured graph's data.
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device), kv_layout="NHD")
+        self._indptr = torch.zeros(2, dtype=torch.int32, device=device)
+        self._indices = torch.arange(self.max_pages, dtype=torch.int32, device=device)
+        self._last = torch.zeros(1, dtype=torch.int32, device=device)
+        self.decode = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device),
+            self._indptr, self._indices, self._last, kv_layout="NHD")
+        self._host_indices = torch.arange(self.max_pages, dtype=torch.int32)
+
+    def new_kv(self, dtype: torch.dtype, device: torch.device, max_len: int) -> PagedKV:
+        shape = (self.max_pages, self.page_size, self.num_kv_heads, self.head_dim)
+        return PagedKV(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    def prepare(self, start: int, t: int, decode: bool) -> None:
+        kv_len = start + t
+        pages = math.ceil(kv_len / self.page_size)
+        indptr = torch.tensor([0, pages], dtype=torch.int32)
+        last = torch.tensor([kv_len - (pages - 1) * self.page_size], dtype=torch.int32)
+        indices = self._host_indices[:pages]
+        if decode:
+            self.decode.plan(indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim,
+                             self.page_size, pos_encoding_mode="NONE", q_data_type=self.dtype,
+                             kv_data_type=self.dtype)
+        else:
+            self.prefill.plan(torch.tensor([0, t], dtype=torch.int32), indptr, indices, last, self.num_heads,
+                              self.num_kv_heads, self.head_dim, self.page_size, causal=True,
+                              q_data_type=self.dtype, kv_data_type=self.dtype)
+
+    def attend(self, kv: PagedKV, q, k, v, positions: torch.Tensor, start: int, decode: bool) -> torch.Tensor:
+        kv.write(positions, k, v)
+        wrapper = self.decode if decode else self.prefill
+        return wrapper.run(q.contiguous(), (kv.k, kv.v))

@@ -1,0 +1,49 @@
+"""The batch-1 decode step captured in one CUDA graph.
+
+Static input buffers (token id, position) are filled before each replay; the FlashInfer decode plan for the
+new length is made outside the graph (its wrapper copies the plan into fixed buffers); the graph's output is
+a fixed logits buffer. Nothing inside the step syncs with the host. The graph holds the addresses of the
+state's buffers, so the state is reset in place, never reallocated.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..model.cache import SequenceState
+from ..model.qwen3_5_moe import Qwen35MoeModel
+
+
+class DecodeGraph:
+    def __init__(self, model: Qwen35MoeModel, state: SequenceState):
+        self.model, self.state = model, state
+        dev = model.device
+        self.token = torch.zeros(1, dtype=torch.long, device=dev)
+        self.position = torch.zeros(1, dtype=torch.long, device=dev)
+        self.graph = torch.cuda.CUDAGraph()
+        self.logits: torch.Tensor | None = None
+
+    def capture(self) -> None:
+        """Warm up on a side stream (as torch requires), capture, then restore the state it disturbed."""
+        snap = self.state.snapshot()
+        self.model.kernels.attention.prepare(0, 1, decode=True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(self.graph):
+            self.logits = self._step()
+        torch.cuda.synchronize()
+        self.state.restore(snap)
+
+    def _step(self) -> torch.Tensor:
+        hidden = self.model.forward(self.token, self.position, self.state, 0, decode=True)
+        return self.model.logits(hidden)
+
+    def replay(self, token: torch.Tensor, start: int) -> torch.Tensor:
+        self.token.copy_(token.reshape(1), non_blocking=True)
+        self.position.fill_(start)
+        self.model.kernels.attention.prepare(start, 1, decode=True)
+        self.graph.replay()
+        return self.logits
