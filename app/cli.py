@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("qwenlocal.app.commands.probe", "measure this machine and show what the engine will turn on"),
     "download": ("qwenlocal.app.commands.download", "download a checkpoint from the Hugging Face hub"),
     "generate": ("qwenlocal.app.commands.generate", "one prompt in, one streamed reply out (no TUI)"),
+    "serve": ("qwenlocal.app.commands.serve", "serve the model over an OpenAI-compatible HTTP API"),
 }
 
 
