@@ -1,0 +1,94 @@
+"""One timed trial on the embedded engine: prefill a prompt, then greedy decode steps, through `engine.runner`
+(the same prefill and decode entry points as chat and score). Imports torch; the app imports this lazily.
+
+Timing: TTFT is the prefill plus the first token's argmax, as chat measures it (the state is allocated before
+the clock starts, as in generation). Decode tok/s is (output_tokens - 1) / the time of the decode steps; the
+next token is the argmax kept on the device (no per-step host sync beyond what the engine itself does), and
+the device is synchronized before each clock read. Counters are engine.stats() deltas around each phase.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from ..options import EngineOptions
+from .protocol import delta
+
+_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
+           "float32": "float32"}
+
+
+def timed_trial(engine, prompt: Sequence[int], output_tokens: int) -> dict:
+    import torch
+
+    dev = engine.device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    runner = engine.runner
+    ids = torch.tensor(list(prompt), dtype=torch.long, device=dev)
+    state = runner.new_state()
+    s0 = engine.stats()
+    sync()
+    t0 = time.perf_counter()
+    logits = runner.prefill(state, ids)
+    token = logits[-1:].argmax(-1)
+    sync()
+    t1 = time.perf_counter()
+    s1 = engine.stats()
+    steps = max(0, output_tokens - 1)
+    for _ in range(steps):
+        token = runner.decode(state, token)[-1:].argmax(-1)
+    sync()
+    t2 = time.perf_counter()
+    s2 = engine.stats()
+    return {"ttft_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": steps, "prompt_tokens": len(prompt),
+            "stats_prefill": delta(s0, s1), "stats_decode": delta(s1, s2), "stats": s2}
+
+
+class EngineSession:
+    """An ArmSession over the embedded engine."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.max_context = int(getattr(engine, "max_context", 0) or engine.config.max_position_embeddings)
+        tok = getattr(engine, "tokenizer", None)
+        limit = getattr(tok, "vocab_size", None) if tok is not None else None
+        # Ids the tokenizer can produce: the embedding's padding rows are never real input.
+        self.vocab_size = int(min(limit, engine.config.vocab_size) if limit else engine.config.vocab_size)
+
+    def trial(self, prompt: Sequence[int], output_tokens: int) -> dict:
+        return timed_trial(self.engine, prompt, output_tokens)
+
+    def describe(self) -> dict:
+        plan = self.engine.plan
+        plan = plan.to_dict() if hasattr(plan, "to_dict") else plan
+        opts = self.engine.options
+        return {"plan": plan, "options": {k: getattr(opts, k) for k in opts.__dataclass_fields__},
+                "stats": self.engine.stats(), "device": str(self.engine.device),
+                "dtype": str(getattr(self.engine.model, "dtype", "")).replace("torch.", "")}
+
+    def close(self) -> None:
+        self.engine = None
+        try:
+            import gc
+
+            import torch
+
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+
+
+class EngineRunner:
+    """The default runner: Engine.from_pretrained with the arm's options."""
+
+    def open(self, model: Any, *, device: str | None, dtype: str | None, vram_budget: Any,
+             options: EngineOptions) -> EngineSession:
+        import torch
+
+        from ..api import Engine
+
+        torch_dtype = getattr(torch, _DTYPES[dtype]) if dtype else None
+        return EngineSession(Engine.from_pretrained(model, device=device, dtype=torch_dtype, vram_budget=vram_budget,
+                                                    options=options))
