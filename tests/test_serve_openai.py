@@ -94,6 +94,11 @@ def test_completions_raw_prompt(client, tiny_ckpt):
     stop = r.choices[0].text[3:5]
     cut = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, seed=3, stop=stop, **FREE)
     assert cut.choices[0].text == r.choices[0].text[:r.choices[0].text.index(stop)]
+    ids = client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=2)  # token ids as the prompt
+    assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 2
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="the " * 5000, max_tokens=2)
+    assert err.value.body["code"] == "context_length_exceeded"
 
 
 def test_disconnect_cancels_and_the_next_request_works(served, client):

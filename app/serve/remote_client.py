@@ -129,9 +129,9 @@ class RemoteClient:
     def stats(self) -> dict:
         out = {"device": "remote", "endpoint": self.base_url, "model": self.model,
                "context_limit": self.server_info.get("max_model_len"), **self.totals}
-        if self.last:
+        if self.last:  # as Engine.stats(): totals at the top, the last turn under "last", its speeds on top
             out["last"] = dict(self.last)
-            out.update(self.last)
+            out.update({k: self.last[k] for k in ("ttft_s", "decode_tok_s") if k in self.last})
         return out
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from . import responses as R
 from .protocol import ApiError, GenRequest, bad, parse_chat, parse_completion
 from .worker import EngineWorker, Job, NotReady, QueueFull, Rejected, Started
 
+MAX_BODY_BYTES = 32 * 2**20  # far above any context's worth of text; refuses a runaway upload early
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -32,6 +33,9 @@ def _error_response(exc: ApiError) -> JSONResponse:
 
 
 async def _read_json(request: Request) -> Any:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is {int(length)} bytes; at most {MAX_BODY_BYTES} are accepted")
     try:
         return await request.json()
     except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors

@@ -2,6 +2,8 @@
 
 A piece is released only when no stop can start inside it, so a stream never shows a stop string's first
 half: the tail that could still grow into a stop is held back until the next piece settles it.
+In chat completions the stops apply to the answer (`content`), not to the reasoning: a stop word meant for the
+reply should not end the thinking that precedes it.
 """
 from __future__ import annotations
 
