@@ -44,26 +44,26 @@ def moe_decode_gate_up_kernel(
 
 @triton.jit
 def moe_decode_down_kernel(
-    h_ptr, ids_ptr, wts_ptr, w_ptr, out_ptr, H, I, TOP_K, stride_we, stride_wm,
+    h_ptr, ids_ptr, wts_ptr, w_ptr, out_ptr, H, I, stride_we, stride_wm,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    # One program per (row block, chosen expert): k times more programs than rows alone, so a batch-1
+    # step keeps the SMs busy; the k partial rows are summed afterwards in a fixed order.
     pid_m = tl.program_id(0)
+    j = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < H
+    e = tl.load(ids_ptr + j).to(tl.int64)
+    wt = tl.load(wts_ptr + j).to(tl.float32)
     acc = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for j in range(0, TOP_K):
-        e = tl.load(ids_ptr + j).to(tl.int64)
-        wt = tl.load(wts_ptr + j).to(tl.float32)
-        part = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < I
-            h = tl.load(h_ptr + j * I + offs_k, mask=mask_k, other=0.0)
-            w = tl.load(w_ptr + e * stride_we + offs_m[:, None].to(tl.int64) * stride_wm + offs_k[None, :],
-                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            part += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
-        acc += part * wt
-    tl.store(out_ptr + offs_m, acc.to(out_ptr.dtype.element_ty), mask=mask_m)
+    for k0 in range(0, I, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < I
+        h = tl.load(h_ptr + j * I + offs_k, mask=mask_k, other=0.0)
+        w = tl.load(w_ptr + e * stride_we + offs_m[:, None].to(tl.int64) * stride_wm + offs_k[None, :],
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+    tl.store(out_ptr + j * H + offs_m, acc * wt, mask=mask_m)
 
 
 def moe_decode(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
@@ -73,19 +73,19 @@ def moe_decode(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     _, two_i, h = gate_up.shape
     inter = two_i // 2
     act = torch.empty(k, inter, device=x.device, dtype=torch.float32)
-    out = torch.empty(1, h, device=x.device, dtype=x.dtype)
+    partial = torch.empty(k, h, device=x.device, dtype=torch.float32)
     ids_flat, wts = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
-    block_n = min(64, triton.next_power_of_2(inter))
+    block_n = min(16, triton.next_power_of_2(inter))
     moe_decode_gate_up_kernel[(k, triton.cdiv(inter, block_n))](
         x.reshape(-1).contiguous(), ids_flat, gate_up, act, h, inter, gate_up.stride(0), gate_up.stride(1),
-        BLOCK_N=block_n, BLOCK_K=min(128, triton.next_power_of_2(h)),
+        BLOCK_N=block_n, BLOCK_K=min(256, triton.next_power_of_2(h)),
     )
-    block_m = min(64, triton.next_power_of_2(h))
-    moe_decode_down_kernel[(triton.cdiv(h, block_m),)](
-        act, ids_flat, wts, down, out, h, inter, k, down.stride(0), down.stride(1),
-        BLOCK_M=block_m, BLOCK_K=min(128, triton.next_power_of_2(inter)),
+    block_m = min(32, triton.next_power_of_2(h))
+    moe_decode_down_kernel[(triton.cdiv(h, block_m), k)](
+        act, ids_flat, wts, down, partial, h, inter, down.stride(0), down.stride(1),
+        BLOCK_M=block_m, BLOCK_K=min(256, triton.next_power_of_2(inter)),
     )
-    return out
+    return partial.sum(0, keepdim=True).to(x.dtype)
 
 
 @triton.jit
