@@ -12,12 +12,12 @@ export QWENLOCAL_HOME=$(mktemp -d)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 t0=$(date +%s)
-python3 -m pytest -m gpu -q -s -p no:cacheprovider ${TESTS:-tests/} 2>&1 | tee "$OUT/gpu_tests.log"
+timeout ${TEST_TIMEOUT:-900} python3 -m pytest -m gpu -v -s -p no:cacheprovider ${TESTS:-tests/} 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 t1=$(date +%s)
 bench_rc=skipped
 if [ "${BENCH:-1}" = 1 ]; then
-  python3 scripts/bench_resident.py --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+  timeout ${BENCH_TIMEOUT:-900} python3 scripts/bench_resident.py --out "$OUT" 2>&1 | tee "$OUT/bench.log"
   [ "${PROFILE:-0}" = 1 ] && python3 scripts/profile_decode.py 2>&1 | tee "$OUT/profile.log" | tail -40
   bench_rc=${PIPESTATUS[0]}
 fi

@@ -50,15 +50,19 @@ def test_bf16_gpu_score_matches_fp32_cpu_reference(ckpt, prefill):
         print(f"{ckpt.name} n={len(ids)} prefill={prefill} bf16-gpu vs fp32-cpu rel={err:.2e} "
               f"(transformers bf16 vs fp32-cpu rel={hf_err:.2e}); bf16-gpu vs transformers-bf16-gpu rel={vs_hf:.2e}")
         assert err <= max(REL_TOL, 1.5 * hf_err)
-        # Two bf16 runs of the same model: as close to each other as the bf16 level of this model allows.
-        assert vs_hf <= max(REL_TOL, hf_err)
+        # Two bf16 runs, each off the fp32 logits by the model's bf16 level in its own direction.
+        assert vs_hf <= max(REL_TOL, 1.5 * hf_err)
 
 
-def test_fp32_gpu_matches_fp32_cpu(ckpt):
-    """The same code on both devices in fp32: agreement far below the bf16 level."""
+def test_fp32_gpu_matches_fp32_cpu_with_reference_kernels(ckpt):
+    """fp32 on the GPU: FlashInfer is bf16/fp16 only and fla's chunk kernels use TF32, so the kernels that
+    run in fp32 are SDPA, the torch rule where fla does not apply, and the Triton MoE (IEEE fp32 dots)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     cpu = Engine.from_pretrained(ckpt, device="cpu", dtype=torch.float32)
     gpu = Engine.from_pretrained(ckpt, device="cuda", dtype=torch.float32)
+    assert gpu.plan["attention"]["value"] == "sdpa"
+    if gpu.plan["gdn"]["value"] == "fla":
+        pytest.skip("fla's chunked rule runs in TF32: covered by the bf16-level test and the fla kernel test")
     ids = prompts(cpu.config.vocab_size)[1]
     err = (gpu.score(ids, prefill=100) - cpu.score(ids, prefill=100)).abs().max().item()
     print(f"{ckpt.name} fp32 gpu vs cpu max abs={err:.2e}")

@@ -12,9 +12,9 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-@pytest.mark.parametrize("t", [1, 63, 100, 300])
-@pytest.mark.parametrize("hk, hv, d", [(2, 4, 64), (3, 6, 128)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# Each (head size, dtype) is a fresh fla autotune of ~40 s on a new machine: the two sizes the models use.
+@pytest.mark.parametrize("t", [1, 63, 300])
+@pytest.mark.parametrize("hk, hv, d, dtype", [(2, 4, 64, torch.bfloat16), (3, 6, 128, torch.bfloat16)])
 def test_fla_gdn_matches_torch_reference(t, hk, hv, d, dtype):
     from qwenlocal.engine.kernels.gdn_fla import gdn_core_fla
 
@@ -32,7 +32,7 @@ def test_fla_gdn_matches_torch_reference(t, hk, hv, d, dtype):
         assert rel(out.float(), ref_o) <= tol and rel(new_state, ref_s) <= tol
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 256])
 @pytest.mark.parametrize("prefix, t", [(0, 37), (50, 29), (1000, 1), (77, 1)])
 def test_flashinfer_matches_sdpa(head_dim, prefix, t):
     from qwenlocal.engine.model.attention_backends import FlashInferAttention, SdpaAttention

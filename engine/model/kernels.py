@@ -46,14 +46,15 @@ def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, m
         choices["moe"] = ("torch", "CPU: per-expert loop over the chosen experts (the reference path)")
         return Kernels(attn, gdn_core_torch, routed_experts_reference, routed_experts_reference, False, choices)
 
-    fi_ok = a.head_dim in FLASHINFER_HEAD_DIMS
+    fi_ok = a.head_dim in FLASHINFER_HEAD_DIMS and dtype in (torch.bfloat16, torch.float16)
     if attention in ("auto", "flashinfer") and fi_ok and flashinfer_available():
         attn = FlashInferAttention(a.num_heads, a.num_kv_heads, a.head_dim, dtype, device, max_len)
         choices["attention"] = ("flashinfer", "GPU: FlashInfer paged prefill and CUDA-graph decode")
     else:
         attn = SdpaAttention(a.num_heads, a.num_kv_heads, a.head_dim)
         why = ("forced by the attention option" if attention == "sdpa" else
-               f"FlashInfer has no kernels for head_dim {a.head_dim}" if not fi_ok else "FlashInfer is not installed")
+               f"FlashInfer has no kernels for head_dim {a.head_dim} in {dtype}" if not fi_ok else
+               "FlashInfer is not installed")
         choices["attention"] = ("sdpa", f"torch SDPA: {why} (no CUDA graphs with this backend)")
 
     from ..kernels.gdn_fla import fla_available, gdn_core_fla
