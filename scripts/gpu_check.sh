@@ -18,8 +18,8 @@ t1=$(date +%s)
 bench_rc=skipped
 if [ "${BENCH:-1}" = 1 ]; then
   timeout ${BENCH_TIMEOUT:-900} python3 scripts/bench_resident.py --out "$OUT" 2>&1 | tee "$OUT/bench.log"
-  [ "${PROFILE:-0}" = 1 ] && python3 scripts/profile_decode.py 2>&1 | tee "$OUT/profile.log" | tail -40
   bench_rc=${PIPESTATUS[0]}
+  if [ "${PROFILE:-0}" = 1 ]; then python3 scripts/profile_decode.py 2>&1 | tee "$OUT/profile.log" | tail -40; fi
 fi
 t2=$(date +%s)
 probe_rc=skipped
