@@ -19,6 +19,7 @@ from .model.qwen3_5_moe import Qwen35MoeModel
 from .options import EngineOptions
 from .runtime.generate import GenerationStats, generate_tokens
 from .runtime.runner import Runner
+from .runtime.session import Session
 from .synthetic import is_synthetic, synthetic_geometry, synthetic_model, synthetic_tokenizer_dir
 from .runtime.sampler import SamplingParams, defaults_from_generation_config, eos_from_generation_config
 from .tokenizer import ChatTokenizer, StreamDecoder, ThinkSplitter
@@ -149,9 +150,18 @@ class Engine:
             parts += [self.runner.decode(state, ids[i:i + 1]) for i in range(k, n)]
             return torch.cat(parts).float().cpu()
 
+    def new_session(self) -> Session:
+        """A conversation whose turns reuse the cached state (pass it to chat(..., session=...))."""
+        with self._exclusive():
+            return Session(self.runner)
+
     def chat(self, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams | Mapping[str, Any] | None = None,
-             enable_thinking: bool = True, cancel: threading.Event | None = None) -> Iterator[Event]:
-        """Stream the assistant's reply as events. Bad input raises here, before any model work."""
+             enable_thinking: bool = True, cancel: threading.Event | None = None,
+             session: Session | None = None) -> Iterator[Event]:
+        """Stream the assistant's reply as events. Bad input raises here, before any model work.
+
+        With a session, only the tokens after what the session already holds are prefilled; regenerate and
+        edit restore the session's turn snapshots instead of prefilling the history again."""
         msgs = validate_messages(messages)
         params = sampling if isinstance(sampling, SamplingParams) else self.sampling_defaults.updated(sampling)
         prompt_text = self.tokenizer.render(msgs, add_generation_prompt=True, enable_thinking=enable_thinking)
@@ -161,10 +171,16 @@ class Engine:
                 f"the conversation is {len(prompt)} tokens and the context limit is {self.max_context}: "
                 "start a new chat or shorten the history"
             )
-        return self._stream(prompt, prompt_text, params, cancel)
+        boundary = None
+        if session is not None:
+            history = self.tokenizer.encode(self.tokenizer.render(msgs, add_generation_prompt=False,
+                                                                  enable_thinking=enable_thinking))
+            boundary = len(history) if prompt[:len(history)] == history else None
+        return self._stream(prompt, prompt_text, params, cancel, session, boundary)
 
     def _stream(self, prompt: list[int], prompt_text: str, params: SamplingParams,
-                cancel: threading.Event | None) -> Iterator[Event]:
+                cancel: threading.Event | None, session: Session | None = None,
+                boundary: int | None = None) -> Iterator[Event]:
         stats = GenerationStats()
         decoder = StreamDecoder(self.tokenizer, skip_special_tokens=True)
         splitter = ThinkSplitter(in_thinking=prompt_text.rstrip("\n").endswith("<think>"))
@@ -172,9 +188,15 @@ class Engine:
         last_stats = time.perf_counter()
         with self._exclusive():
             try:
-                state = self.runner.new_state()
+                if session is None:
+                    state, prefill = self.runner.new_state(), None
+                else:
+                    state = session.sync()
+                    prefill = lambda: session.prefill(prompt, boundary, cancel)  # noqa: E731
+                generated: list[int] = []
                 for token in generate_tokens(self.runner, state, prompt, params, self.eos_ids, stats, cancel,
-                                             vocab_limit=self.tokenizer.vocab_size):
+                                             vocab_limit=self.tokenizer.vocab_size, prefill=prefill):
+                    generated.append(token)
                     if token in self.eos_ids:
                         continue
                     for kind, piece in splitter.push(decoder.push(token)):
@@ -186,6 +208,9 @@ class Engine:
                 for kind, piece in splitter.push(decoder.flush()) + splitter.flush():
                     (reasoning if kind == "reasoning" else text).append(piece)
                     yield ReasoningDelta(piece) if kind == "reasoning" else TokenDelta(piece)
+                if session is not None:
+                    session.record_generated(generated)
+                    stats.cached_tokens = session.last_reused
             except QwenlocalError as exc:
                 yield EngineError(str(exc), type(exc).__name__)
                 return

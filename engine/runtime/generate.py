@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -17,6 +17,7 @@ from .sampler import SamplingParams, sample
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from a session's cached state (not prefilled)
     completion_tokens: int = 0
     prefill_s: float = 0.0
     ttft_s: float = 0.0
@@ -31,10 +32,12 @@ class GenerationStats:
 
     @property
     def prefill_tok_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+        prefilled = self.prompt_tokens - self.cached_tokens
+        return prefilled / self.prefill_s if self.prefill_s > 0 else 0.0
 
     def as_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+        return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "completion_tokens": self.completion_tokens,
                 "prefill_s": self.prefill_s, "ttft_s": self.ttft_s, "decode_s": self.decode_s,
                 "decode_tok_s": self.decode_tok_s, "prefill_tok_s": self.prefill_tok_s,
                 "finish_reason": self.finish_reason}
@@ -42,18 +45,23 @@ class GenerationStats:
 
 def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], params: SamplingParams,
                     eos_ids: tuple[int, ...], stats: GenerationStats, cancel: threading.Event | None = None,
-                    vocab_limit: int | None = None) -> Iterator[int]:
+                    vocab_limit: int | None = None,
+                    prefill: Callable[[], torch.Tensor] | None = None) -> Iterator[int]:
     """Yields each sampled token id (EOS included, then stops). Sets stats.finish_reason.
 
     vocab_limit: ids at or above it (the embedding's padding rows, which the tokenizer cannot decode) are
-    never sampled."""
+    never sampled. prefill: returns the logits after the prompt (a Session reusing cached state); default:
+    prefill the whole prompt into `state`."""
     device = runner.model.device
     gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
     stats.prompt_tokens = len(prompt)
     # The sampled token is only fed back when another one is wanted, so max_tokens costs max_tokens - 1 decodes.
     try:
         t0 = time.perf_counter()
-        logits = runner.prefill(state, torch.tensor(prompt, dtype=torch.long, device=device), cancel=cancel)
+        if prefill is None:
+            logits = runner.prefill(state, torch.tensor(prompt, dtype=torch.long, device=device), cancel=cancel)
+        else:
+            logits = prefill()
         token = sample(_valid(logits[-1], vocab_limit), params, gen)
         stats.prefill_s = stats.ttft_s = time.perf_counter() - t0
         for produced in range(1, params.max_tokens + 1):

@@ -25,9 +25,15 @@ class Runner:
         self.use_graph = cuda_graphs and model.device.type == "cuda" and model.kernels.graph_safe
         self._state: SequenceState | None = None
         self._graph: DecodeGraph | None = None
+        self.epoch = 0  # counts new_state() calls: a Session sharing the graph's state knows when it was reused
+
+    @property
+    def shares_state(self) -> bool:
+        return self.use_graph
 
     def new_state(self) -> SequenceState:
         """An empty sequence. With graphs, the one graph-bound state, reset in place."""
+        self.epoch += 1
         if not self.use_graph:
             return self._make_state()
         if self._state is None:
