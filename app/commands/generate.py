@@ -10,7 +10,8 @@ from qwenlocal.engine.events import EngineError, ReasoningDelta, TokenDelta, Tur
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the user message")
-    parser.add_argument("--model", help="checkpoint folder (default: the built-in demo model)")
+    parser.add_argument("--model", help="checkpoint folder, hub id, alias or synthetic:NAME "
+                                        "(default: the built-in demo model)")
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--no-think", action="store_true", help="turn thinking off")
     parser.add_argument("--hide-thinking", action="store_true", help="do not print the reasoning part")
@@ -23,11 +24,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = resolve_model(args.model)
+    model = resolve_model(args.model, device=args.device)
     print(f"model: {model.label}", file=sys.stderr)
     from qwenlocal.engine import Engine
 
-    engine = Engine.from_pretrained(model.path, device=args.device)
+    engine = Engine.from_pretrained(model.target, device=args.device)
     messages = ([{"role": "system", "content": args.system}] if args.system else [])
     messages.append({"role": "user", "content": args.prompt})
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
