@@ -37,7 +37,7 @@ wait_for() {  # wait_for REGEX SECONDS: until the pane shows REGEX
 
 say "tui_smoke: qwenlocal chat on the demo model, QWENLOCAL_HOME=$WORK/home, tmux $(tmux -V | cut -d' ' -f2), 100x30"
 "${T[@]}" -f /dev/null new-session -d -s smoke -x 100 -y 30 \
-    "QWENLOCAL_HOME='$WORK/home' qwenlocal chat --device cpu --max-tokens 48 --seed 1; echo \"qwenlocal exit code: \$?\"; sleep 60"
+    "QWENLOCAL_HOME='$WORK/home' qwenlocal chat --device cpu --max-tokens 48 --seed 2; echo \"qwenlocal exit code: \$?\"; sleep 60"
 # Textual tells a lone Esc from an escape sequence by timing; tmux's default 500 ms hold would blur that.
 "${T[@]}" set-option -s escape-time 10
 
@@ -49,18 +49,27 @@ capture "1. loaded"
 wait_for "^ *ready │.*ctx [1-9]" 180  # ready again, with the turn's context in the status bar: the reply is done
 capture "2. first reply done"
 
-# A long reply (up to 4000 tokens), stopped with Esc once it is streaming.
+# A long reply (up to 4000 tokens), stopped with Esc once it is streaming. The demo model has random weights and
+# may end a reply early; if it ends before the Esc lands, ask again (3 tries).
 "${T[@]}" send-keys -t smoke -l "/set max_tokens=4000"
 "${T[@]}" send-keys -t smoke Enter
-sleep 0.5
-"${T[@]}" send-keys -t smoke -l "Now tell me a very long story."
-"${T[@]}" send-keys -t smoke Enter
-wait_for "^ *generating │.*tok/s" 60
-sleep 1
-capture "3. mid-reply, just before Esc"
-"${T[@]}" send-keys -t smoke Escape
-wait_for "^ *stopped │" 30
+stopped=0
+for try in 1 2 3; do
+    sleep 0.5
+    "${T[@]}" send-keys -t smoke -l "Now tell me a very long story (try $try)."
+    "${T[@]}" send-keys -t smoke Enter
+    wait_for "^ *generating │.*tok/s" 60
+    capture "3.$try mid-reply, just before Esc"
+    "${T[@]}" send-keys -t smoke Escape
+    wait_for "^ *(stopped|ready) │" 60
+    if "${T[@]}" capture-pane -p -t smoke | grep -Eq "^ *stopped │"; then
+        stopped=1
+        break
+    fi
+    say "(the reply ended before Esc; asking again)"
+done
 capture "4. after Esc"
+((stopped)) || { say "tui_smoke: FAILED (Esc never landed mid-reply)"; exit 1; }
 
 "${T[@]}" send-keys -t smoke C-q
 wait_for "qwenlocal exit code" 30

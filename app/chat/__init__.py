@@ -1,0 +1,1 @@
+"""`qwenlocal chat`: the Textual chat app (app.py), its backends (backend.py, fake.py) and its parts."""

@@ -1,14 +1,68 @@
-"""`qwenlocal chat`: placeholder until the engine's chat path lands."""
+"""`qwenlocal chat`: the Textual chat app on the embedded engine (or, with --fake, on a scripted backend).
+
+Nothing here imports torch or the engine at import time: the backend loads the engine on its worker thread.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
-from qwenlocal.engine.errors import FeatureUnavailableError
+from qwenlocal.engine.errors import OptionError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.add_argument("--model", help="checkpoint folder (default: the built-in demo model)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    parser.add_argument("--system", default="", help="system prompt")
+    parser.add_argument("--no-think", action="store_true", help="start with thinking off")
+    parser.add_argument("--max-tokens", type=int, help="max tokens per reply (default: the model's)")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--theme", choices=["dark", "light"], help="colour theme (F3 toggles)")
+    parser.add_argument("--keymap", type=Path,
+                        help="JSON {binding id: keys} to remap keys (default: keymap.json in the data folder)")
+    parser.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)  # scripted backend, for UI work
+
+
+def load_keymap(path: Path | None) -> dict[str, str]:
+    from qwenlocal.app.paths import data_dir
+
+    target = path or data_dir() / "keymap.json"
+    if not target.is_file():
+        if path is not None:
+            raise OptionError(f"--keymap {path}: no such file")
+        return {}
+    try:
+        raw = json.loads(target.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise OptionError(f"{target}: not a JSON object of binding id -> keys ({exc})") from exc
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise OptionError(f"{target}: expected a JSON object like {{\"chat.new\": \"ctrl+n\"}}")
+    return raw
 
 
 def run(args: argparse.Namespace) -> int:
-    raise FeatureUnavailableError("'chat' is not built yet in this version")
+    from qwenlocal.app.chat.app import ChatApp
+
+    if args.fake:
+        from qwenlocal.app.chat.fake import ScriptedBackend, ScriptedReply
+
+        backend = ScriptedBackend([ScriptedReply(answer="A scripted **reply**:\n\n```python\nprint('hi')\n```\n",
+                                                 reasoning="Thinking about how to reply.")], tokens_per_s=30)
+    else:
+        from qwenlocal.app.chat.backend import EngineBackend
+
+        backend = EngineBackend(args.model, device=args.device)
+    sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                "top_k": args.top_k, "seed": args.seed}
+    theme = {"dark": "textual-dark", "light": "textual-light"}.get(args.theme or "")
+    app = ChatApp(backend, thinking=not args.no_think, sampling=sampling, system=args.system,
+                  keymap=load_keymap(args.keymap), theme=theme)
+    app.run()
+    if app.load_error:
+        print(f"qwenlocal chat: {app.load_error}", file=sys.stderr)
+    return app.return_code or 0

@@ -1,0 +1,210 @@
+"""The chat's commands as App actions (bound to keys, the palette and /slash commands). A mixin of ChatApp.
+
+Regenerate and edit re-run the turn on the edited history. The `reuse_prefix` they pass is the seam for the
+engine's conversation snapshots (GPU runtime issue): a backend with snapshots resumes there instead of
+prefilling the unchanged history again.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .commands import SlashError, parse_slash
+from .conversation import Conversation
+from .modals import ConversationPicker, SamplingModal, TextEditModal
+from .panels import DetailsScreen, HelpScreen, details_markdown
+from .prompt import PromptInput
+from .settings import describe, parse_assignments
+from .store import export_transcript
+from .widgets import AssistantMessage, UserMessage
+
+_ON, _OFF = {"on", "true", "yes", "1"}, {"off", "false", "no", "0"}
+
+
+class ChatActions:
+    """Needs the ChatApp attributes: conv, view, prompt, status, store, backend, sampling, thinking, system."""
+
+    async def run_slash(self, text: str) -> bool:
+        """Run a /command; False if the text is an ordinary message."""
+        try:
+            parsed = parse_slash(text)
+        except SlashError as exc:
+            self.notify(str(exc), severity="error")
+            return True
+        if parsed is None:
+            return False
+        cmd, arg = parsed
+        handler = getattr(self, f"slash_{cmd.name}", None)
+        if arg and handler is not None:
+            await handler(arg)
+        else:
+            await self.run_action(cmd.action)
+        return True
+
+    # ----- conversation -----
+    def action_stop(self) -> None:
+        self.stop_generation()
+
+    async def _rewind(self, n: int) -> None:
+        """Stop any reply in flight and drop the messages (and their widgets) from index n on."""
+        if self.generating:
+            self._cancel.set()
+            self._turn_id += 1  # whatever the stopped turn still posts is dropped
+            self.drop_reply()
+        del self.conv.messages[n:]
+        widgets = list(self.view.query(".message"))
+        await self.view.remove_children(widgets[n:])
+
+    async def action_new_chat(self) -> None:
+        await self._rewind(0)
+        self.conv = Conversation(model=self.conv.model, system=self.system)
+        self.status.reset_turn()
+        self.status.show(state="ready" if self.ready else "loading")
+        self.prompt.focus()
+
+    async def action_regenerate(self) -> None:
+        idx = self.conv.last_index("user")
+        if not self.ready or idx is None:
+            self.notify("Nothing to regenerate yet.", severity="warning")
+            return
+        await self._rewind(idx + 1)
+        await self.start_turn(reuse_prefix=len(self.conv.engine_messages()))
+
+    def action_edit_last(self) -> None:
+        idx = self.conv.last_index("user")
+        if not self.ready or idx is None:
+            self.notify("No message to edit yet.", severity="warning")
+            return
+
+        async def apply(text: str | None) -> None:
+            if text is None:
+                return
+            if not text.strip():
+                self.notify("An empty message was not sent.", severity="warning")
+                return
+            await self._rewind(idx)
+            await self.add_user_message(text)
+            await self.start_turn(reuse_prefix=len(self.conv.engine_messages()) - 1)
+
+        self.push_screen(TextEditModal("Edit your last message", self.conv.messages[idx].content,
+                                       "Ctrl+S re-runs the turn from this message · Esc cancels"), apply)
+
+    # ----- settings -----
+    async def slash_system(self, arg: str) -> None:
+        self._set_system(arg)
+
+    def action_system_prompt(self) -> None:
+        self.push_screen(TextEditModal("System prompt", self.system, "Used from the next turn · Ctrl+S save"),
+                         self._set_system)
+
+    def _set_system(self, text: str | None) -> None:
+        if text is None:
+            return
+        self.system = self.conv.system = text.strip()
+        self.notify("System prompt set." if self.system else "System prompt cleared.")
+        self.save_conversation()
+
+    async def slash_set(self, arg: str) -> None:
+        try:
+            self._apply_sampling(parse_assignments(arg))
+        except ValueError as exc:
+            self.notify(str(exc), severity="error")
+
+    def action_sampling(self) -> None:
+        self.push_screen(SamplingModal(self.sampling), self._apply_sampling)
+
+    def _apply_sampling(self, values: dict | None) -> None:
+        if values is None:
+            return
+        for key, value in values.items():
+            if value is None:
+                self.sampling.pop(key, None)
+            else:
+                self.sampling[key] = value
+        self.notify(f"Sampling: {describe(self.sampling)}")
+
+    async def slash_think(self, arg: str) -> None:
+        if arg.lower() not in _ON | _OFF:
+            self.notify("use /think on or /think off", severity="error")
+            return
+        self._set_thinking(arg.lower() in _ON)
+
+    def action_toggle_thinking(self) -> None:
+        self._set_thinking(not self.thinking)
+
+    def _set_thinking(self, on: bool) -> None:
+        self.thinking = on
+        self.status.show(thinking=on)
+        self.notify(f"Thinking {'on' if on else 'off'} (from the next turn).")
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
+
+    # ----- output -----
+    def action_copy_reply(self) -> None:
+        idx = self.conv.last_index("assistant")
+        if idx is None:
+            self.notify("No reply to copy yet.", severity="warning")
+            return
+        text = self.conv.messages[idx].content
+        self.copy_to_clipboard(text)
+        self.notify(f"Copied the last reply ({len(text)} characters).")
+
+    async def slash_save(self, arg: str) -> None:
+        self._save_transcript(Path(arg).expanduser())
+
+    def action_save_transcript(self) -> None:
+        self._save_transcript(None)
+
+    def _save_transcript(self, base: Path | None) -> None:
+        if not self.conv.messages:
+            self.notify("Nothing to save yet.", severity="warning")
+            return
+        if base is None:
+            base = (self.export_dir or self.store.root.parent / "transcripts") / self.conv.id
+        try:
+            md, js = export_transcript(self.conv, base)
+        except OSError as exc:
+            self.notify(f"could not save the transcript: {exc}", severity="error")
+            return
+        self.notify(f"Saved {md} and {js.name}", title="Transcript saved")
+
+    def action_open_conversation(self) -> None:
+        convs, skipped = self.store.list()
+        if skipped:
+            names = ", ".join(s.path.name for s in skipped[:3]) + (" …" if len(skipped) > 3 else "")
+            self.notify(f"Skipped {len(skipped)} unreadable conversation file(s): {names}", severity="warning",
+                        timeout=8)
+        self.push_screen(ConversationPicker(convs), self._open)
+
+    async def _open(self, conv_id: str | None) -> None:
+        if conv_id is None:
+            return
+        try:
+            conv = self.store.load(conv_id)
+        except (OSError, ValueError) as exc:
+            self.notify(f"could not open that conversation: {exc}", severity="error")
+            return
+        await self._rewind(0)
+        self.conv, self.system = conv, conv.system
+        await self.view.mount_all([
+            UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content, m.reasoning, m.finish_reason)
+            for m in conv.messages])
+        self.view.scroll_end(animate=False)
+        self.notify(f"Opened “{conv.title or conv.id}”.")
+
+    # ----- information -----
+    def binding_table(self) -> list[tuple[str, str, str]]:
+        rows = []
+        for binding in [*PromptInput.BINDINGS, *self.BINDINGS]:
+            rows.append((self.keymap.get(binding.id, binding.key), binding.tooltip or binding.description,
+                         binding.id or ""))
+        rows.append((self.COMMAND_PALETTE_BINDING, "Command palette", ""))
+        return rows
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.binding_table()))
+
+    def action_details(self) -> None:
+        stats = {**self.backend.stats(), **self.status.values}
+        self.push_screen(DetailsScreen(details_markdown(self.sub_title or self.backend.label, self.backend.plan,
+                                                        stats, describe(self.sampling))))

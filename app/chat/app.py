@@ -1,0 +1,314 @@
+"""`qwenlocal chat`: the Textual app. Loading, the turn loop and the typed messages from the worker threads.
+
+Threads: the backend's `load` and each turn's event loop run in thread workers (harlequin style). They only
+post typed messages (messages.py); every widget is touched here, on the UI thread. The user-facing commands
+(new chat, regenerate, edit, ...) live in actions.py.
+"""
+from __future__ import annotations
+
+import gc
+import threading
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Footer, Header, Static
+
+from qwenlocal.engine.errors import QwenlocalError
+from qwenlocal.engine.events import EngineError, ReasoningDelta, Stats, TokenDelta, TurnDone
+
+from . import messages as msg
+from .actions import ChatActions
+from .backend import ChatBackend, explain_load_error
+from .commands import ChatCommandsProvider
+from .conversation import Conversation
+from .modals import ErrorModal
+from .panels import LoadingScreen
+from .prompt import PromptInput
+from .status import StatusBar, plan_summary
+from .store import ConversationStore
+from .widgets import AssistantMessage, UserMessage
+
+GC_DELAY_S = 0.5  # after a turn ends: let the last repaint happen first
+_GC_DEFAULT = gc.get_threshold()
+_GC_NO_FULL = 1_000_000  # gen-1 collections before a gen-2 one: "not during this reply"
+
+
+def _css_path() -> Path:
+    # Editable installs map qwenlocal.assets to the repo's assets/; a wheel puts it next to qwenlocal.app.
+    import qwenlocal.assets
+
+    return Path(qwenlocal.assets.__file__).parent / "chat.tcss"
+
+
+class ChatApp(ChatActions, App[int]):
+    CSS_PATH = _css_path()
+    TITLE = "qwenlocal chat"
+    COMMANDS = App.COMMANDS | {ChatCommandsProvider}
+    BINDING_GROUP_TITLE = "Chat"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", id="chat.stop", tooltip="Stop generating (within one decode step)"),
+        Binding("ctrl+n", "new_chat", "New", id="chat.new", tooltip="Start a new conversation"),
+        Binding("ctrl+r", "regenerate", "Regen", id="chat.regenerate", tooltip="Run the last turn again"),
+        Binding("ctrl+g", "edit_last", "Edit", id="chat.edit", tooltip="Edit your last message and re-run it"),
+        Binding("ctrl+t", "toggle_thinking", "Think", id="chat.thinking", tooltip="Thinking on/off"),
+        Binding("f1", "help", "Help", id="chat.help", tooltip="Keys and commands"),
+        Binding("f2", "details", "Details", id="chat.details", tooltip="The plan with its reasons, and counters"),
+        Binding("ctrl+o", "open_conversation", "Open", id="chat.open", show=False,
+                tooltip="Open a past conversation"),
+        Binding("ctrl+s", "save_transcript", "Save", id="chat.save", show=False,
+                tooltip="Save the transcript as Markdown and JSON"),
+        Binding("ctrl+b", "copy_reply", "Copy reply", id="chat.copy", show=False,
+                tooltip="Copy the last reply to the clipboard"),
+        Binding("f3", "toggle_theme", "Theme", id="chat.theme", show=False, tooltip="Light/dark theme"),
+        Binding("f4", "system_prompt", "System prompt", id="chat.system", show=False,
+                tooltip="Set the system prompt"),
+        Binding("f5", "sampling", "Sampling", id="chat.sampling", show=False, tooltip="Sampling settings"),
+    ]
+
+    def __init__(self, backend: ChatBackend, *, store: ConversationStore | None = None, thinking: bool = True,
+                 sampling: dict | None = None, system: str = "", keymap: dict[str, str] | None = None,
+                 theme: str | None = None, export_dir: Path | None = None):
+        super().__init__()
+        self.backend = backend
+        self.store = store or ConversationStore.default()
+        self.export_dir = export_dir
+        self.thinking = thinking
+        self.sampling = {k: v for k, v in (sampling or {}).items() if v is not None}
+        self.system = system
+        self.keymap = keymap or {}
+        self.start_theme = theme
+        self.conv = Conversation(system=system)
+        self.ready = False
+        self.generating = False
+        self.load_error: str | None = None
+        self._turn_id = 0
+        self._cancel = threading.Event()
+        self._turn_done = threading.Event()
+        self._turn_done.set()  # no turn is running yet
+        self._reply: AssistantMessage | None = None
+        self._loading: LoadingScreen | None = None
+        self._load_state: tuple[tuple[str, ...], int, int] = ((), 0, 1)
+        self._load_posted = False
+
+    # ----- layout and start-up -----
+    def compose(self) -> ComposeResult:
+        # Kept as attributes: App.query_one searches the *active* screen, which is a modal at times.
+        self.view = VerticalScroll(id="conversation")
+        self.banner = Static("", id="banner", markup=False)
+        self.prompt = PromptInput(id="prompt")
+        self.status = StatusBar(id="status")
+        yield Header(show_clock=False)
+        with self.view:
+            yield self.banner
+        yield self.prompt
+        yield self.status
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self.keymap:
+            self.set_keymap(self.keymap)
+        if self.start_theme:
+            self.theme = self.start_theme
+        self.view.anchor()
+        self.status.show(state="loading", thinking=self.thinking)
+        self._loading = LoadingScreen(self.backend.label)
+        self.push_screen(self._loading)
+        self._load()
+
+    @work(thread=True, exit_on_error=False, group="load", description="Loading the model")
+    def _load(self) -> None:
+        # The weight loader reports once per tensor. Coalesce: keep only the latest state, and have at most one
+        # LoadProgress message in flight; its handler reads the latest state, so the screen is never stale.
+        stages: list[str] = []
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if not stages or stages[-1] != stage:
+                stages.append(stage)
+            self._load_state = (tuple(stages), done, total)
+            if not self._load_posted:
+                self._load_posted = True
+                self.post_message(msg.LoadProgress(stage, done, total))
+
+        try:
+            self.backend.load(progress)
+        except Exception as exc:  # every failure becomes a modal that says what to do
+            self.post_message(msg.LoadFailed(*explain_load_error(exc)))
+            return
+        self.post_message(msg.BackendReady(self.backend.label, self.backend.plan))
+
+    def on_load_progress(self, m: msg.LoadProgress) -> None:
+        self._load_posted = False  # before reading: a later update posts again
+        stages, done, total = self._load_state
+        if self._loading is not None and self._loading.is_attached:
+            self._loading.progress(list(stages), done, total)
+
+    def on_backend_ready(self, m: msg.BackendReady) -> None:
+        self.ready = True
+        self.sub_title = m.label
+        self.conv.model = m.label
+        if self._loading is not None and self.screen is self._loading:
+            self.pop_screen()
+        self._loading = None
+        self.status.set_plan(m.plan)
+        self.status.show(self.backend.stats(), state="ready")
+        self._gc_checkpoint()
+        self.banner.update(f"Model: {m.label}\n{plan_summary(m.plan)}"
+                           "Enter sends · Ctrl+J newline · Esc stops · F1 help · Ctrl+P commands")
+        self.prompt.focus()
+
+    def on_load_failed(self, m: msg.LoadFailed) -> None:
+        self.load_error = f"{m.title}: {m.message}\n{m.hint}"
+        self.push_screen(ErrorModal(m.title, m.message, m.hint, button="Quit"),
+                         callback=lambda _: self.exit(return_code=1))
+
+    def on_unmount(self) -> None:
+        self._cancel.set()
+        self.backend.close()
+        gc.set_threshold(*_GC_DEFAULT)  # the process (a test run, say) outlives the app: leave GC as it was
+        gc.unfreeze()
+
+    # ----- sending and the turn loop -----
+    async def on_prompt_input_submitted(self, m: PromptInput.Submitted) -> None:
+        await self.submit(m.text)
+
+    async def submit(self, text: str) -> None:
+        """A line from the prompt: a slash command, or a user message."""
+        if await self.run_slash(text):
+            self.prompt.remember(text)
+            self.prompt.clear()
+            return
+        if not self.ready:
+            self.notify("The model is still loading.", severity="warning")
+            return
+        if self.generating:
+            self.notify("A reply is still streaming: Esc stops it.", severity="warning")
+            return
+        text = text[1:] if text.lstrip().startswith("//") else text
+        self.prompt.remember(text)
+        self.prompt.clear()
+        await self.add_user_message(text)
+        await self.start_turn(reuse_prefix=len(self.conv.engine_messages()) - 1)
+
+    async def add_user_message(self, text: str) -> None:
+        self.conv.add("user", text)
+        await self.view.mount(UserMessage(text))
+        self.save_conversation()
+
+    async def start_turn(self, reuse_prefix: int = 0) -> None:
+        """Run the backend on the conversation as it stands and stream the reply into a new widget."""
+        self._turn_id += 1
+        self.generating = True
+        gc.set_threshold(_GC_DEFAULT[0], _GC_DEFAULT[1], _GC_NO_FULL)  # see _gc_checkpoint
+        self._cancel = cancel = threading.Event()
+        prev_done, self._turn_done = self._turn_done, threading.Event()
+        self._reply = AssistantMessage(streaming=True)
+        await self.view.mount(self._reply)
+        self.view.anchor()
+        self.status.reset_turn()
+        self.status.show(state="generating")
+        self._generate(self._turn_id, self.conv.engine_messages(), dict(self.sampling), self.thinking, cancel,
+                       prev_done, self._turn_done, reuse_prefix)
+
+    @work(thread=True, exit_on_error=False, group="generate", description="Generating a reply")
+    def _generate(self, turn_id: int, messages: list[dict], sampling: dict, thinking: bool,
+                  cancel: threading.Event, prev_done: threading.Event, done: threading.Event,
+                  reuse_prefix: int) -> None:
+        post = self.post_message
+        try:
+            # A stopped turn may still be inside its last decode step; the engine runs one request at a time.
+            prev_done.wait()
+            for ev in self.backend.start_turn(messages, sampling, thinking, cancel, reuse_prefix):
+                if isinstance(ev, TokenDelta):
+                    post(msg.ReplyDelta(turn_id, ev.text, False))
+                elif isinstance(ev, ReasoningDelta):
+                    post(msg.ReplyDelta(turn_id, ev.text, True))
+                elif isinstance(ev, Stats):
+                    post(msg.ReplyStats(turn_id, dict(ev.values)))
+                elif isinstance(ev, TurnDone):
+                    post(msg.ReplyDone(turn_id, ev.finish_reason, ev.text, ev.reasoning, dict(ev.stats)))
+                    return
+                elif isinstance(ev, EngineError):
+                    post(msg.ReplyFailed(turn_id, ev.message, ev.kind))
+                    return
+            post(msg.ReplyFailed(turn_id, "the backend ended the reply without finishing it", "StreamError"))
+        except QwenlocalError as exc:
+            post(msg.ReplyFailed(turn_id, str(exc), type(exc).__name__))
+        except Exception as exc:  # a bug in a backend must not kill the app
+            post(msg.ReplyFailed(turn_id, f"{type(exc).__name__}: {exc}", type(exc).__name__))
+        finally:
+            done.set()
+
+    def _current(self, turn_id: int) -> AssistantMessage | None:
+        # Messages of a turn that was stopped and replaced (regenerate, new chat) are dropped here.
+        return self._reply if turn_id == self._turn_id else None
+
+    def on_reply_delta(self, m: msg.ReplyDelta) -> None:
+        reply = self._current(m.turn_id)
+        if reply is not None:
+            reply.append(m.text, m.reasoning)
+
+    def on_reply_stats(self, m: msg.ReplyStats) -> None:
+        if self._current(m.turn_id) is not None:
+            self.status.show(m.values)
+
+    async def on_reply_done(self, m: msg.ReplyDone) -> None:
+        reply = self._current(m.turn_id)
+        if reply is None:
+            return
+        await reply.finish(m.finish_reason)
+        self.conv.add("assistant", m.text, reasoning=m.reasoning, finish_reason=m.finish_reason, stats=m.stats)
+        self._end_turn("stopped" if m.finish_reason == "cancelled" else "ready", m.stats)
+
+    async def on_reply_failed(self, m: msg.ReplyFailed) -> None:
+        reply = self._current(m.turn_id)
+        if reply is None:
+            return
+        await reply.finish("error", error=m.message)
+        # Kept (so the view and the history stay aligned) but never sent back to the model.
+        self.conv.add("assistant", reply.text, reasoning=reply.reasoning, finish_reason="error")
+        self.notify(m.message, title="Generation failed", severity="error", timeout=8)
+        self._end_turn("error", {})
+
+    def _end_turn(self, state: str, stats: dict) -> None:
+        self.drop_reply()
+        self.status.show(stats, state=state)
+        self.save_conversation()
+        self.set_timer(GC_DELAY_S, self._gc_checkpoint)
+
+    def drop_reply(self) -> None:
+        """The current reply is over (finished, failed, or abandoned by a rewind)."""
+        self.generating, self._reply = False, None
+        gc.set_threshold(*_GC_DEFAULT)
+
+    def _gc_checkpoint(self) -> None:
+        """The full garbage collection, run here while idle instead of in the middle of a reply.
+
+        A full (gen-2) pass scans every tracked object: with a loaded model and a long conversation it took
+        30-60 ms and landed mid-stream, stalling key presses. So while a reply streams, gen-2 is held off
+        (start_turn; young garbage is still collected by gen 0/1), and after each turn one full pass runs here.
+        What survives is then frozen, so the occasional gen-2 pass between turns scans only newer objects;
+        unfreezing first lets this pass free what was frozen and has since been dropped (old widgets).
+        """
+        if self.generating:
+            return
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+
+    def stop_generation(self) -> bool:
+        if not self.generating:
+            return False
+        self._cancel.set()
+        self.status.show(state="stopping")
+        return True
+
+    def save_conversation(self) -> None:
+        if not self.conv.messages:
+            return
+        try:
+            self.store.save(self.conv)
+        except OSError as exc:
+            self.notify(f"could not save the conversation: {exc}", severity="error")

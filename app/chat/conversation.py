@@ -1,0 +1,93 @@
+"""One conversation as data: messages, system prompt, settings; JSON and Markdown forms. No Textual here."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FORMAT_VERSION = 1
+_ROLES = ("user", "assistant")
+
+
+class ConversationFormatError(ValueError):
+    """A saved conversation is not in the format this version writes."""
+
+
+@dataclass
+class ChatMessage:
+    role: str  # "user" | "assistant"
+    content: str
+    reasoning: str = ""
+    finish_reason: str = ""  # assistant only: stop | length | cancelled | error | context
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class Conversation:
+    id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+    title: str = ""
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    model: str = ""
+    system: str = ""
+    messages: list[ChatMessage] = field(default_factory=list)
+
+    def add(self, role: str, content: str, **extra: Any) -> ChatMessage:
+        msg = ChatMessage(role, content, **extra)
+        self.messages.append(msg)
+        if role == "user" and not self.title:
+            self.title = title_from(content)
+        self.updated = time.time()
+        return msg
+
+    def engine_messages(self, upto: int | None = None) -> list[dict]:
+        """The history the backend sees: system prompt first; past reasoning and failed replies are not sent."""
+        out = [{"role": "system", "content": self.system}] if self.system else []
+        out += [{"role": m.role, "content": m.content} for m in self.messages[:upto] if m.finish_reason != "error"]
+        return out
+
+    def last_index(self, role: str) -> int | None:
+        for i in range(len(self.messages) - 1, -1, -1):
+            if self.messages[i].role == role:
+                return i
+        return None
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> "Conversation":
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT_VERSION:
+            raise ConversationFormatError("not a qwenlocal conversation (format 1)")
+        try:
+            msgs = [ChatMessage(**m) for m in raw["messages"]]
+            conv = cls(id=str(raw["id"]), title=str(raw.get("title", "")), created=float(raw["created"]),
+                       updated=float(raw["updated"]), model=str(raw.get("model", "")),
+                       system=str(raw.get("system", "")), messages=msgs)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConversationFormatError(f"missing or malformed field: {exc}") from exc
+        bad = [m.role for m in msgs if m.role not in _ROLES or not isinstance(m.content, str)]
+        if bad:
+            raise ConversationFormatError(f"unexpected message role(s) {bad}")
+        return conv
+
+    def to_markdown(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.created))
+        lines = [f"# {self.title or 'Conversation'}", "", f"*{when} · model: {self.model or 'unknown'}*", ""]
+        if self.system:
+            lines += ["## System", "", self.system, ""]
+        for m in self.messages:
+            lines += [f"## {'You' if m.role == 'user' else 'Assistant'}", ""]
+            if m.reasoning:
+                quoted = "\n".join("> " + line for line in m.reasoning.strip().splitlines())
+                lines += ["<details><summary>Thinking</summary>", "", quoted, "", "</details>", ""]
+            lines += [m.content, ""]
+            if m.finish_reason and m.finish_reason != "stop":
+                lines += [f"*({m.finish_reason})*", ""]
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def title_from(text: str, width: int = 48) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1].rstrip() + "…"

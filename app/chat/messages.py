@@ -1,0 +1,59 @@
+"""Typed messages the worker threads post to the app (post_message is thread-safe; widgets are not).
+
+Every reply message carries the turn id it belongs to, so a late message from a stopped or replaced turn is
+recognised and dropped instead of landing in the wrong reply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from textual.message import Message
+
+
+@dataclass
+class LoadProgress(Message):
+    stage: str
+    done: int
+    total: int
+
+
+@dataclass
+class BackendReady(Message):
+    label: str
+    plan: dict = field(default_factory=dict)
+
+
+@dataclass
+class LoadFailed(Message):
+    title: str
+    message: str
+    hint: str
+
+
+@dataclass
+class ReplyDelta(Message):
+    turn_id: int
+    text: str
+    reasoning: bool
+
+
+@dataclass
+class ReplyStats(Message):
+    turn_id: int
+    values: dict
+
+
+@dataclass
+class ReplyDone(Message):
+    turn_id: int
+    finish_reason: str
+    text: str
+    reasoning: str
+    stats: dict
+
+
+@dataclass
+class ReplyFailed(Message):
+    turn_id: int
+    message: str
+    kind: str
