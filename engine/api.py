@@ -14,6 +14,8 @@ from .env import read_env
 from .errors import ContextLimitError, OptionError, QwenlocalError
 from .events import EngineError, Event, ReasoningDelta, Stats, TokenDelta, TurnDone
 from .load import load_weights
+from .offload.bank import HostExpertBank
+from .offload.cache import ExpertSlotCache
 from .model.kernels import select_kernels
 from .model.qwen3_5_moe import Qwen35MoeModel
 from .options import EngineOptions
@@ -56,6 +58,18 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
     return out
 
 
+def _offload_bank(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype,
+                  device: torch.device) -> HostExpertBank | None:
+    """The host bank when the experts are offloaded (options.expert_slots), checked before any loading."""
+    if opts.expert_slots is None:
+        return None
+    total = config.num_layers * config.moe.num_experts
+    if not config.moe.top_k <= opts.expert_slots <= total:
+        raise OptionError(f"expert_slots must be between top_k={config.moe.top_k} and the {total} experts of the "
+                          f"model, got {opts.expert_slots}; leave it unset to keep every expert resident")
+    return HostExpertBank(config, dtype, pin=device.type == "cuda")
+
+
 def context_limit(config: ModelConfig, options: EngineOptions) -> int:
     return min(options.max_context or config.max_position_embeddings, config.max_position_embeddings)
 
@@ -93,16 +107,24 @@ class Engine:
             tokenizer = ChatTokenizer.from_dir(model_dir)
             padded_vocab = -(-tokenizer.vocab_size // 64) * 64
             config, weights = synthetic_model(str(path), dev, dtype, padded_vocab)
+            bank = _offload_bank(config, opts, dtype, dev)
+            if bank is not None:
+                for layer in range(config.num_layers):
+                    p = f"layers.{layer}.mlp.experts."
+                    bank.put(layer, weights.pop(p + "gate_up_proj"), weights.pop(p + "down_proj"))
         else:
             model_dir = Path(path)
             # Everything cheap is validated before the weights are read.
             config = load_model_config(model_dir)
             tokenizer = ChatTokenizer.from_dir(model_dir)
             ckpt = Checkpoint(model_dir)
+            bank = _offload_bank(config, opts, dtype, dev)
             step = (lambda done, total: progress("weights", done, total)) if progress else None
-            weights = load_weights(ckpt, config, dtype, dev, progress=step)
+            weights = load_weights(ckpt, config, dtype, dev, progress=step,
+                                   expert_sink=bank.put if bank is not None else None)
         max_context = context_limit(config, opts)
-        model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context))
+        cache = ExpertSlotCache(config, bank, opts.expert_slots, dev) if bank is not None else None
+        model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context), cache)
         eos = eos_from_generation_config(model_dir) or tokenizer.eos_token_ids or config.eos_token_ids
         return cls(model_dir, config, model, tokenizer, opts, defaults_from_generation_config(model_dir), eos,
                    max_context)
@@ -234,6 +256,8 @@ class Engine:
         out = {"device": self.device.type, "context_limit": self.max_context, **self._totals}
         if self._last is not None:
             out["last"] = self._last.as_dict()
+        if self.model.cache is not None:
+            out.update(self.model.cache.counters())
         if self.device.type == "cuda":
             out["vram_allocated"] = torch.cuda.memory_allocated(self.device)
         return out

@@ -114,8 +114,10 @@ class _Reader:
 
 def load_weights(
     ckpt: Checkpoint, cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
-    progress: ProgressFn | None = None,
+    progress: ProgressFn | None = None, expert_sink: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> dict[str, torch.Tensor]:
+    """expert_sink(layer, gate_up, down): receives each layer's experts (on the CPU) instead of the returned
+    dict, so an offloaded model streams them into its host bank without a second full copy."""
     check_unquantized(ckpt, cfg)
     shapes = dense_shapes(cfg)
     entries = {name: ckpt.expect_shape(name, shape) for name, shape in shapes.items()}
@@ -132,25 +134,34 @@ def load_weights(
         target = torch.float32 if name.endswith(FP32_SUFFIXES) else dtype
         return t.to(device=device, dtype=target)
 
+
     out: dict[str, torch.Tensor] = {}
     for name, entry in entries.items():
         out[name] = convert(name, reader.get(entry))
         done += 1
         if progress:
             progress(done, total)
+    expert_device = "cpu" if expert_sink is not None else device
+
+    def convert_expert(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=expert_device, dtype=dtype)
+
     for layer, plan in experts.items():
         p = f"layers.{layer}.mlp.experts."
         if "gate_up_proj" in plan:
-            out[p + "gate_up_proj"] = convert(p, reader.get(plan["gate_up_proj"]))
-            out[p + "down_proj"] = convert(p, reader.get(plan["down_proj"]))
+            gate_up = convert_expert(reader.get(plan["gate_up_proj"]))
+            down = convert_expert(reader.get(plan["down_proj"]))
         else:
             parts = defaultdict(list)
             for kind in ("gate_proj", "up_proj", "down_proj"):
                 for entry in plan[kind]:
-                    parts[kind].append(convert(p, reader.get(entry)))
-            gate, up = torch.stack(parts["gate_proj"]), torch.stack(parts["up_proj"])
-            out[p + "gate_up_proj"] = torch.cat([gate, up], dim=1)
-            out[p + "down_proj"] = torch.stack(parts["down_proj"])
+                    parts[kind].append(convert_expert(reader.get(entry)))
+            gate_up = torch.cat([torch.stack(parts["gate_proj"]), torch.stack(parts["up_proj"])], dim=1)
+            down = torch.stack(parts["down_proj"])
+        if expert_sink is not None:
+            expert_sink(layer, gate_up, down)
+        else:
+            out[p + "gate_up_proj"], out[p + "down_proj"] = gate_up, down
         done += 1
         if progress:
             progress(done, total)

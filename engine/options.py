@@ -39,6 +39,7 @@ class EngineOptions:
     routing: Any = None  # None, or a synthetic-trace spec (benchmarks only)
     max_context: int | None = None  # tokens; None = the model's max_position_embeddings
     vram_budget: int | None = None  # bytes the engine may allocate on the GPU; None = what is free
+    expert_slots: int | None = None  # offload the routed experts to host RAM with this many GPU slots
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefill_chunk, int) or isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 1:
@@ -51,6 +52,8 @@ class EngineOptions:
             raise OptionError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context < 1):
             raise OptionError(f"max_context must be a positive number of tokens, got {self.max_context!r}")
+        if self.expert_slots is not None and (not isinstance(self.expert_slots, int) or self.expert_slots < 1):
+            raise OptionError(f"expert_slots must be a positive number of slots, got {self.expert_slots!r}")
         object.__setattr__(self, "vram_budget", parse_bytes(self.vram_budget, "vram_budget"))
 
     @classmethod

@@ -9,7 +9,7 @@ import torch
 from ..config import ModelConfig
 from ..kernels.gdn_torch import gdn_core_torch
 from .attention_backends import FlashInferAttention, SdpaAttention, flashinfer_available
-from .moe import routed_experts_reference
+from .moe import routed_experts_decode_reference, routed_experts_reference
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, m
         choices["attention"] = ("sdpa", "CPU: torch SDPA over a contiguous KV cache (the reference path)")
         choices["gdn"] = ("torch", "CPU: the torch chunked/recurrent gated delta rule (the reference path)")
         choices["moe"] = ("torch", "CPU: per-expert loop over the chosen experts (the reference path)")
-        return Kernels(attn, gdn_core_torch, routed_experts_reference, routed_experts_reference, False, choices)
+        return Kernels(attn, gdn_core_torch, routed_experts_reference, routed_experts_decode_reference, False, choices)
 
     fi_ok = a.head_dim in FLASHINFER_HEAD_DIMS and dtype in (torch.bfloat16, torch.float16)
     if attention in ("auto", "flashinfer") and fi_ok and flashinfer_available():
@@ -73,7 +73,7 @@ def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, m
         prefill, decode = moe_grouped, moe_decode
         choices["moe"] = ("triton", "Triton grouped GEMM (prefill) and a k-expert GEMV (decode)")
     else:
-        prefill = decode = routed_experts_reference
+        prefill, decode = routed_experts_reference, routed_experts_decode_reference
         choices["moe"] = ("torch", "Triton is not available: per-expert loop (syncs; no CUDA graphs)")
-    graph_safe = attn.graph_safe and decode is not routed_experts_reference
+    graph_safe = attn.graph_safe and decode is not routed_experts_decode_reference
     return Kernels(attn, gdn, prefill, decode, graph_safe, choices)

@@ -32,12 +32,39 @@ def routed_experts_reference(
     return out
 
 
+def routed_experts_decode_reference(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+) -> torch.Tensor:
+    """Batch-1 reference that sums the k experts in top-k order, whatever their ids: the same bytes whether
+    the ids name experts (resident) or cache slots (offloaded)."""
+    inter = down.shape[-1]
+    out = torch.zeros_like(x)
+    for j, e in enumerate(ids[0].tolist()):
+        h = F.linear(x, gate_up[e])
+        h = F.silu(h[:, :inter]) * h[:, inter:]
+        out += F.linear(h, down[e]) * weights[:, j, None]
+    return out
+
+
+class ResidentExperts:
+    """All of a layer's experts on the compute device, stacked by expert id."""
+
+    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor):
+        self.gate_up, self.down = gate_up, down
+
+    def for_decode(self, ids: torch.Tensor):
+        return ids, self.gate_up, self.down
+
+    def for_prefill(self):
+        return self.gate_up, self.down
+
+
 class SparseMoE:
-    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels):
+    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels, experts):
         p = f"layers.{layer}.mlp."
         self.layer, self.top_k, self.kernels = layer, cfg.moe.top_k, kernels
         self.router_w = w[p + "gate.weight"]
-        self.gate_up, self.down = w[p + "experts.gate_up_proj"], w[p + "experts.down_proj"]
+        self.experts = experts
         self.shared = tuple(w[p + f"shared_expert.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj"))
         self.shared_gate = w[p + "shared_expert_gate.weight"]
 
@@ -46,6 +73,10 @@ class SparseMoE:
 
     def forward(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         weights, ids = route(x, self.router_w, self.top_k)
-        experts = self.kernels.experts_decode if decode and x.shape[0] == 1 else self.kernels.experts_prefill
-        routed = experts(x, weights, ids, self.gate_up, self.down)
+        if decode and x.shape[0] == 1:
+            ids, gate_up, down = self.experts.for_decode(ids)
+            routed = self.kernels.experts_decode(x, weights, ids, gate_up, down)
+        else:
+            gate_up, down = self.experts.for_prefill()
+            routed = self.kernels.experts_prefill(x, weights, ids, gate_up, down)
         return routed + self.shared_expert(x)

@@ -1,0 +1,1 @@
+"""Expert offload: the routed experts in (pinned) host RAM, an LRU cache of expert slots on the GPU."""

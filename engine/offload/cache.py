@@ -1,0 +1,102 @@
+"""The GPU expert slot cache: N slots of one expert each, shared by all layers, least-recently-used eviction.
+
+Device-side bookkeeping (all fixed shapes, no host sync, so a decode step can be captured in a CUDA graph):
+  slot_map  [L*E + 1]  (layer, expert) -> slot or -1; the last entry is a scratch target for masked writes
+  slot_key  [N + 1]    slot -> layer*E + expert or -1; the last entry is scratch
+  stamps    [N]        last use; unique (clock * k + position), free slots start lowest, so ties never arise
+One writer: `ensure` (on the compute stream) is the only code that changes the maps. It writes a fixed-size
+miss plan (src expert rows, dst slots, misses first) and a device-side miss count that `copy_missing` reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import ModelConfig
+from .bank import HostExpertBank, split_rows
+
+
+@dataclass
+class MissPlan:
+    src: torch.Tensor  # [k] bank rows (layer*E + expert), misses first
+    dst: torch.Tensor  # [k] slots, misses first
+    count: torch.Tensor  # [1] int64: how many leading entries are misses
+
+
+class ExpertSlotCache:
+    def __init__(self, cfg: ModelConfig, bank: HostExpertBank, num_slots: int, device: torch.device):
+        e, layers, k = cfg.moe.num_experts, cfg.num_layers, cfg.moe.top_k
+        if num_slots < k:
+            raise ValueError(f"the slot cache needs at least top_k={k} slots, got {num_slots}")
+        self.cfg, self.bank, self.device = cfg, bank, device
+        self.num_experts, self.num_slots, self.top_k = e, num_slots, k
+        self.rows = torch.zeros(num_slots + 1, bank.row_elems, dtype=bank.dtype, device=device)
+        self.gate_up, self.down = split_rows(self.rows, cfg)
+        self.slot_map = torch.full((layers * e + 1,), -1, dtype=torch.long, device=device)
+        self.slot_key = torch.full((num_slots + 1,), -1, dtype=torch.long, device=device)
+        self.stamps = torch.arange(-num_slots, 0, dtype=torch.long, device=device)
+        self.clock = torch.zeros(1, dtype=torch.long, device=device)
+        self.hits = torch.zeros(1, dtype=torch.long, device=device)
+        self.misses = torch.zeros(1, dtype=torch.long, device=device)
+        self._positions = torch.arange(k, device=device)
+        self._scratch_key = layers * e
+        # Prefill streams each layer's whole bank into one of two buffers (the baseline layer-major improves on).
+        self.stream_rows = torch.empty(2, e, bank.row_elems, dtype=bank.dtype, device=device)
+        self.h2d_bytes = 0  # host-side count of bytes the prefill streaming moved
+
+    def ensure(self, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, MissPlan]:
+        """ids [1, k] expert ids of one token -> (slot ids [1, k], the miss plan). Updates the LRU state."""
+        e = ids.reshape(-1)
+        key = layer * self.num_experts + e
+        slot = self.slot_map[key]
+        hit = slot >= 0
+        miss = ~hit
+        # Protect the slots this step hits; evict the least recently used of the rest.
+        protect = torch.zeros(self.num_slots, dtype=torch.long, device=self.device)
+        protect.index_add_(0, slot.clamp(min=0), hit.long())
+        big = torch.iinfo(torch.long).max
+        candidates = torch.where(protect > 0, torch.full_like(self.stamps, big), self.stamps)
+        victims = torch.topk(candidates, self.top_k, largest=False, sorted=True).indices
+        rank = torch.cumsum(miss.long(), 0) - 1
+        new_slot = victims[rank.clamp(min=0)]
+        final = torch.where(hit, slot, new_slot)
+        old_key = self.slot_key[new_slot]
+        evicted = miss & (old_key >= 0)
+        self.slot_map.index_put_((torch.where(evicted, old_key, self._scratch_key),),
+                                 torch.full_like(old_key, -1))
+        self.slot_map.index_put_((torch.where(miss, key, self._scratch_key),), new_slot)
+        self.slot_key.index_put_((torch.where(miss, new_slot, self.num_slots),), key)
+        self.clock += 1
+        self.stamps.index_put_((final,), self.clock * self.top_k + self._positions)
+        order = torch.argsort(hit.long(), stable=True)  # misses (0) first, in id order
+        count = miss.sum().reshape(1)
+        self.hits += hit.sum()
+        self.misses += count
+        plan = MissPlan(key[order], torch.where(miss[order], new_slot[order], self.num_slots), count)
+        return final.reshape(ids.shape), plan
+
+    def copy_missing(self, plan: MissPlan) -> None:
+        """Bring the planned experts from the bank into their slots."""
+        if self.bank.rows.device == self.device:
+            # Same memory space (the CPU path): a fixed-shape gather; non-miss entries land in the scratch row.
+            self.rows.index_copy_(0, plan.dst, self.bank.rows.index_select(0, plan.src))
+            return
+        from ..kernels.expert_copy import gather_experts
+
+        gather_experts(self.bank.rows, plan.src, plan.dst, plan.count, self.rows)
+
+    def stream_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill: this layer's whole bank in a device buffer -> stacked (gate_up, down) views by expert id."""
+        buf = self.stream_rows[layer % 2]
+        src = self.bank.layer_rows(layer)
+        buf.copy_(src, non_blocking=True)
+        if src.device != buf.device:
+            self.h2d_bytes += src.numel() * src.element_size()
+        return split_rows(buf, self.cfg)
+
+    def counters(self) -> dict:
+        hits, misses = int(self.hits), int(self.misses)
+        return {"expert_hits": hits, "expert_misses": misses, "expert_slots": self.num_slots,
+                "hit_rate": hits / (hits + misses) if hits + misses else None,
+                "prefill_h2d_bytes": self.h2d_bytes}
