@@ -75,6 +75,7 @@ class EngineBackend:
         self.label = model_ref or "built-in demo model"
         self.is_demo = model_ref is None
         self._engine = None
+        self._session = None
 
     def load(self, progress: ProgressFn) -> None:
         from qwenlocal.app.models import DEMO_NAME, resolve_model
@@ -95,8 +96,12 @@ class EngineBackend:
         progress("ready", 1, 1)
 
     def start_turn(self, messages, sampling, enable_thinking, cancel, reuse_prefix=0):
-        # Snapshots arrive with the GPU runtime (engine Session); until then every turn prefills the history.
-        return self._engine.chat(list(messages), dict(sampling), enable_thinking=enable_thinking, cancel=cancel)
+        # One engine Session for the app: it reuses the longest common prefix of what it holds, and restores
+        # its turn snapshots for regenerate/edit, so `reuse_prefix` needs no handling here.
+        if self._session is None:
+            self._session = self._engine.new_session()
+        return self._engine.chat(list(messages), dict(sampling), enable_thinking=enable_thinking, cancel=cancel,
+                                 session=self._session)
 
     def stats(self) -> dict:
         return self._engine.stats() if self._engine is not None else {}
@@ -106,7 +111,7 @@ class EngineBackend:
         return self._engine.plan if self._engine is not None else {}
 
     def close(self) -> None:
-        self._engine = None
+        self._engine = self._session = None
 
 
 def explain_load_error(exc: BaseException) -> tuple[str, str, str]:

@@ -15,6 +15,9 @@ from qwenlocal.engine.errors import OptionError
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="checkpoint folder (default: the built-in demo model)")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    parser.add_argument("--endpoint", help="chat with an OpenAI-compatible server instead (vLLM, SGLang, "
+                                           "llama-server, qwenlocal serve), e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--api-key", help="API key for --endpoint (sent as a Bearer token)")
     parser.add_argument("--system", default="", help="system prompt")
     parser.add_argument("--no-think", action="store_true", help="start with thinking off")
     parser.add_argument("--max-tokens", type=int, help="max tokens per reply (default: the model's)")
@@ -53,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
 
         backend = ScriptedBackend([ScriptedReply(answer="A scripted **reply**:\n\n```python\nprint('hi')\n```\n",
                                                  reasoning="Thinking about how to reply.")], tokens_per_s=30)
+    elif args.endpoint:
+        from qwenlocal.app.serve.remote_client import RemoteBackend
+
+        backend = RemoteBackend(args.endpoint, api_key=args.api_key, model=args.model)
     else:
         from qwenlocal.app.chat.backend import EngineBackend
 
