@@ -235,3 +235,12 @@ def test_an_interrupted_run_keeps_what_it_measured(tmp_path, monkeypatch, capsys
     rec = load_record(next(tmp_path.glob("*.json")))
     assert not rec["complete"] and len(rec["trials"]) == 3  # 2 warm-up + the first measured one
     assert "partial result" in capsys.readouterr().out
+
+
+def test_records_written_in_the_same_second_do_not_overwrite(tmp_path, monkeypatch):
+    from qwenlocal.engine.bench import record as rec_mod
+
+    monkeypatch.setattr(rec_mod, "default_name", lambda record: "same-name.json")
+    a = rec_mod.write_record({"kind": rec_mod.KIND, "n": 1}, tmp_path)
+    b = rec_mod.write_record({"kind": rec_mod.KIND, "n": 2}, tmp_path)
+    assert a != b and rec_mod.load_record(a)["n"] == 1 and rec_mod.load_record(b)["n"] == 2

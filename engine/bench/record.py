@@ -87,6 +87,11 @@ def write_record(record: dict, out_dir: Path, name: str | None = None) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / (name or default_name(record))
+    if name is None:
+        # Two runs within one second share the timestamp: never overwrite an earlier record.
+        base, n = path, 2
+        while path.exists():
+            path, n = base.with_name(f"{base.stem}-{n}{base.suffix}"), n + 1
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".tmp", dir=out_dir)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
