@@ -241,6 +241,6 @@ def test_records_written_in_the_same_second_do_not_overwrite(tmp_path, monkeypat
     from qwenlocal.engine.bench import record as rec_mod
 
     monkeypatch.setattr(rec_mod, "default_name", lambda record: "same-name.json")
-    a = rec_mod.write_record({"kind": rec_mod.KIND, "n": 1}, tmp_path)
-    b = rec_mod.write_record({"kind": rec_mod.KIND, "n": 2}, tmp_path)
-    assert a != b and rec_mod.load_record(a)["n"] == 1 and rec_mod.load_record(b)["n"] == 2
+    a = rec_mod.write_record({"n": 1}, tmp_path)
+    b = rec_mod.write_record({"n": 2}, tmp_path)
+    assert a != b and json.loads(a.read_text())["n"] == 1 and json.loads(b.read_text())["n"] == 2
