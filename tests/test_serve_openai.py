@@ -115,14 +115,26 @@ def test_disconnect_cancels_and_the_next_request_works(served, client):
     assert r.usage.completion_tokens == 4
 
 
-def test_queue_full_is_a_clear_429(served, client):
+def test_queue_full_is_a_clear_429(served, client, monkeypatch):
+    # Hold the running generation in its first decode step, so it cannot end (EOS) before the queue fills.
+    gate = threading.Event()
+    runner = served.worker.engine.runner
+    real_decode = runner.decode
+
+    def gated_decode(*args, **kwargs):
+        gate.wait(60)
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "decode", gated_decode)
     served.worker.max_waiting = 1
     try:
-        running = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=3000, stream=True)
+        # Greedy: a fixed first token (not EOS for this model), then the gate.
+        running = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=3000, stream=True,
+                                                 temperature=0)
         next(iter(running))  # generating now
         waited = {}
         t = threading.Thread(target=lambda: waited.update(
-            r=client.chat.completions.create(model=MODEL, messages=HI, max_tokens=3)))
+            r=client.chat.completions.create(model=MODEL, messages=HI, max_tokens=3, temperature=0)))
         t.start()
         assert wait_for(lambda: served.health()["waiting"] == 1)
         with pytest.raises(openai.RateLimitError) as err:
@@ -130,9 +142,11 @@ def test_queue_full_is_a_clear_429(served, client):
         assert err.value.status_code == 429 and err.value.body["code"] == "queue_full"
         assert "queue" in err.value.body["message"] and err.value.response.headers["retry-after"] == "1"
         running.close()
+        gate.set()
         t.join(30)
         assert waited["r"].usage.completion_tokens == 3  # the queued one was served after the cancel
     finally:
+        gate.set()
         served.worker.max_waiting = 4
 
 
