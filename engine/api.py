@@ -86,7 +86,8 @@ class Engine:
         self.sampling_defaults = sampling_defaults
         self.eos_ids = eos_ids
         self.max_context = max_context
-        self.runner = Runner(model, options.prefill_chunk, max_context, options.cuda_graphs)
+        self.runner = Runner(model, options.prefill_chunk, max_context, options.cuda_graphs,
+                             options.prefill_mode, options.prefill_window)
         self._busy = threading.Lock()
         self._last: GenerationStats | None = None
         self._totals = {"prompt_tokens": 0, "completion_tokens": 0, "turns": 0}
@@ -144,6 +145,11 @@ class Engine:
         }
         for part, (name, reason) in self.model.kernels.choices.items():
             out[part] = {"value": name, "reason": reason}
+        lm = self.runner.layer_major
+        out["prefill_mode"] = {"value": f"layer-major above {self.options.prefill_chunk} tokens" if lm else "chunked",
+                               "reason": "forced by option" if self.options.prefill_mode != "auto" else
+                               ("experts are offloaded: each layer's bank crosses PCIe once per prompt" if lm else
+                                "experts are resident: nothing to stream")}
         graphs = self.runner.use_graph
         why = ("the decode step replays one captured CUDA graph" if graphs else
                "off by option" if not self.options.cuda_graphs else
@@ -256,6 +262,7 @@ class Engine:
         out = {"device": self.device.type, "context_limit": self.max_context, **self._totals}
         if self._last is not None:
             out["last"] = self._last.as_dict()
+        out.update(self.runner.counters)
         if self.model.cache is not None:
             out.update(self.model.cache.counters())
         if self.device.type == "cuda":

@@ -40,6 +40,7 @@ class EngineOptions:
     max_context: int | None = None  # tokens; None = the model's max_position_embeddings
     vram_budget: int | None = None  # bytes the engine may allocate on the GPU; None = what is free
     expert_slots: int | None = None  # offload the routed experts to host RAM with this many GPU slots
+    prefill_window: int | None = None  # layer-major: tokens whose activations are parked at once (None = all)
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefill_chunk, int) or isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 1:
@@ -54,6 +55,8 @@ class EngineOptions:
             raise OptionError(f"max_context must be a positive number of tokens, got {self.max_context!r}")
         if self.expert_slots is not None and (not isinstance(self.expert_slots, int) or self.expert_slots < 1):
             raise OptionError(f"expert_slots must be a positive number of slots, got {self.expert_slots!r}")
+        if self.prefill_window is not None and (not isinstance(self.prefill_window, int) or self.prefill_window < 1):
+            raise OptionError(f"prefill_window must be a positive number of tokens, got {self.prefill_window!r}")
         object.__setattr__(self, "vram_budget", parse_bytes(self.vram_budget, "vram_budget"))
 
     @classmethod

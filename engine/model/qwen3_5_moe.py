@@ -59,9 +59,15 @@ class Qwen35MoeModel:
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int,
                 decode: bool = False) -> torch.Tensor:
         """ids [T] at `positions` (device) = start..start+T-1 -> final-normed hidden [T, H]."""
-        x = F.embedding(ids, self.embed)
+        x = self.embed_ids(ids)
         for layer in self.layers:
             x = layer.forward(x, positions, state, start, decode)
+        return self.final_norm(x)
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embed)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm_zero_centered(x, self.norm, self.cfg.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

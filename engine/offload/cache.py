@@ -43,7 +43,9 @@ class ExpertSlotCache:
         self._scratch_key = layers * e
         # Prefill streams each layer's whole bank into one of two buffers (the baseline layer-major improves on).
         self.stream_rows = torch.empty(2, e, bank.row_elems, dtype=bank.dtype, device=device)
-        self.h2d_bytes = 0  # host-side count of bytes the prefill streaming moved
+        self._stream_layer = [-1, -1]  # which layer each buffer holds: a repeat visit skips the copy
+        self.stream_bytes = 0  # bytes the prefill streaming moved (host -> GPU on a GPU)
+        self.stream_copies = 0
 
     def ensure(self, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, MissPlan]:
         """ids [1, k] expert ids of one token -> (slot ids [1, k], the miss plan). Updates the LRU state."""
@@ -87,16 +89,22 @@ class ExpertSlotCache:
         gather_experts(self.bank.rows, plan.src, plan.dst, plan.count, self.rows)
 
     def stream_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill: this layer's whole bank in a device buffer -> stacked (gate_up, down) views by expert id."""
-        buf = self.stream_rows[layer % 2]
-        src = self.bank.layer_rows(layer)
-        buf.copy_(src, non_blocking=True)
-        if src.device != buf.device:
-            self.h2d_bytes += src.numel() * src.element_size()
+        """Prefill: this layer's whole bank in a device buffer -> stacked (gate_up, down) views by expert id.
+
+        Chunked prefill visits layer L once per chunk and, with two buffers, finds it overwritten by L+2: one
+        bank copy per chunk. Layer-major prefill visits L for every chunk in a row: one copy per prompt."""
+        which = layer % 2
+        buf = self.stream_rows[which]
+        if self._stream_layer[which] != layer:
+            src = self.bank.layer_rows(layer)
+            buf.copy_(src, non_blocking=True)
+            self._stream_layer[which] = layer
+            self.stream_bytes += src.numel() * src.element_size()
+            self.stream_copies += 1
         return split_rows(buf, self.cfg)
 
     def counters(self) -> dict:
         hits, misses = int(self.hits), int(self.misses)
         return {"expert_hits": hits, "expert_misses": misses, "expert_slots": self.num_slots,
                 "hit_rate": hits / (hits + misses) if hits + misses else None,
-                "prefill_h2d_bytes": self.h2d_bytes}
+                "prefill_stream_bytes": self.stream_bytes, "prefill_stream_copies": self.stream_copies}

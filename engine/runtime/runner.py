@@ -15,13 +15,19 @@ from ..errors import GenerationCancelled
 from ..model.cache import SequenceState
 from ..model.qwen3_5_moe import Qwen35MoeModel
 from .graph import DecodeGraph
+from .layer_major import layer_major_prefill
 
 
 class Runner:
-    def __init__(self, model: Qwen35MoeModel, prefill_chunk: int, max_context: int, cuda_graphs: bool):
+    def __init__(self, model: Qwen35MoeModel, prefill_chunk: int, max_context: int, cuda_graphs: bool,
+                 prefill_mode: str = "chunked", prefill_window: int | None = None):
         self.model = model
         self.prefill_chunk = prefill_chunk
         self.max_context = max_context
+        # "layer-major" pays when each layer's bank must cross PCIe: offloaded experts ("auto" decides so).
+        self.layer_major = prefill_mode == "layer-major" or (prefill_mode == "auto" and model.cache is not None)
+        self.prefill_window = prefill_window
+        self.counters = {"prefills_chunked": 0, "prefills_layer_major": 0, "layer_major_windows": 0}
         self.use_graph = cuda_graphs and model.device.type == "cuda" and model.kernels.graph_safe
         self._state: SequenceState | None = None
         self._graph: DecodeGraph | None = None
@@ -60,8 +66,17 @@ class Runner:
     @torch.inference_mode()
     def prefill(self, state: SequenceState, ids: torch.Tensor, all_logits: bool = False,
                 cancel: threading.Event | None = None) -> torch.Tensor:
-        """Run ids [T] in chunks of prefill_chunk. Returns float32 logits of every token, or of the last only."""
+        """Run ids [T] in chunks of prefill_chunk. Returns float32 logits of every token, or of the last only.
+
+        Prompts longer than one chunk go layer-major when the plan says so (bitwise the same result)."""
         state.check_room(ids.shape[0])
+        if self.layer_major and ids.shape[0] > self.prefill_chunk:
+            logits, windows = layer_major_prefill(self.model, state, ids, self.prefill_chunk, self.prefill_window,
+                                                  all_logits, cancel)
+            self.counters["prefills_layer_major"] += 1
+            self.counters["layer_major_windows"] += windows
+            return logits
+        self.counters["prefills_chunked"] += 1
         outputs = []
         for start in range(0, ids.shape[0], self.prefill_chunk):
             if cancel is not None and cancel.is_set():
