@@ -16,6 +16,7 @@ from .events import EngineError, Event, ReasoningDelta, Stats, TokenDelta, TurnD
 from .load import load_weights
 from .offload.bank import HostExpertBank
 from .offload.cache import ExpertSlotCache
+from .offload.overlap import CudaStreams, DecodeOverlap
 from .model.kernels import select_kernels
 from .model.qwen3_5_moe import Qwen35MoeModel
 from .options import EngineOptions
@@ -68,6 +69,20 @@ def _offload_bank(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype,
         raise OptionError(f"expert_slots must be between top_k={config.moe.top_k} and the {total} experts of the "
                           f"model, got {opts.expert_slots}; leave it unset to keep every expert resident")
     return HostExpertBank(config, dtype, pin=device.type == "cuda")
+
+
+def choose_overlap(opts: EngineOptions, device: torch.device, cache) -> tuple[DecodeOverlap, str]:
+    """The decode overlap split, decided once before any graph capture, with its reason."""
+    if opts.overlap == "off":
+        return DecodeOverlap("off"), "off by option"
+    if device.type != "cuda":
+        return DecodeOverlap("off"), "CPU decode: one stream, nothing to overlap"
+    if cache is None:
+        return DecodeOverlap("off"), "experts all resident: no miss copies to hide"
+    if opts.overlap == "auto":
+        return DecodeOverlap("off"), ("auto keeps it off until the overlap's GPU byte-equality gate has run on this "
+                                      "build; force with overlap=copy-side or shared-side")
+    return DecodeOverlap(opts.overlap, CudaStreams(device)), f"{opts.overlap} forced by option"
 
 
 def context_limit(config: ModelConfig, options: EngineOptions) -> int:
@@ -125,7 +140,9 @@ class Engine:
                                    expert_sink=bank.put if bank is not None else None)
         max_context = context_limit(config, opts)
         cache = ExpertSlotCache(config, bank, opts.expert_slots, dev) if bank is not None else None
-        model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context), cache)
+        overlap, overlap_reason = choose_overlap(opts, dev, cache)
+        model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context), cache, overlap)
+        model.overlap_reason = overlap_reason
         eos = eos_from_generation_config(model_dir) or tokenizer.eos_token_ids or config.eos_token_ids
         return cls(model_dir, config, model, tokenizer, opts, defaults_from_generation_config(model_dir), eos,
                    max_context)
@@ -145,6 +162,7 @@ class Engine:
         }
         for part, (name, reason) in self.model.kernels.choices.items():
             out[part] = {"value": name, "reason": reason}
+        out["overlap"] = {"value": self.model.overlap.split, "reason": getattr(self.model, "overlap_reason", "")}
         lm = self.runner.layer_major
         out["prefill_mode"] = {"value": f"layer-major above {self.options.prefill_chunk} tokens" if lm else "chunked",
                                "reason": "forced by option" if self.options.prefill_mode != "auto" else

@@ -46,6 +46,10 @@ def routed_experts_decode_reference(
     return out
 
 
+def _nothing_to_copy() -> None:
+    pass
+
+
 class ResidentExperts:
     """All of a layer's experts on the compute device, stacked by expert id."""
 
@@ -53,16 +57,16 @@ class ResidentExperts:
         self.gate_up, self.down = gate_up, down
 
     def for_decode(self, ids: torch.Tensor):
-        return ids, self.gate_up, self.down
+        return ids, self.gate_up, self.down, _nothing_to_copy
 
     def for_prefill(self):
         return self.gate_up, self.down
 
 
 class SparseMoE:
-    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels, experts):
+    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels, experts, overlap):
         p = f"layers.{layer}.mlp."
-        self.layer, self.top_k, self.kernels = layer, cfg.moe.top_k, kernels
+        self.layer, self.top_k, self.kernels, self.overlap = layer, cfg.moe.top_k, kernels, overlap
         self.router_w = w[p + "gate.weight"]
         self.experts = experts
         self.shared = tuple(w[p + f"shared_expert.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj"))
@@ -74,9 +78,8 @@ class SparseMoE:
     def forward(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         weights, ids = route(x, self.router_w, self.top_k)
         if decode and x.shape[0] == 1:
-            ids, gate_up, down = self.experts.for_decode(ids)
-            routed = self.kernels.experts_decode(x, weights, ids, gate_up, down)
-        else:
-            gate_up, down = self.experts.for_prefill()
-            routed = self.kernels.experts_prefill(x, weights, ids, gate_up, down)
-        return routed + self.shared_expert(x)
+            ids, gate_up, down, copy = self.experts.for_decode(ids)
+            shared = self.overlap.run(copy, lambda: self.shared_expert(x), x)
+            return self.kernels.experts_decode(x, weights, ids, gate_up, down) + shared
+        gate_up, down = self.experts.for_prefill()
+        return self.kernels.experts_prefill(x, weights, ids, gate_up, down) + self.shared_expert(x)

@@ -12,18 +12,19 @@ from ..config import FULL_ATTENTION, ModelConfig
 from .attention import GatedAttention
 from .cache import SequenceState
 from .gdn import GatedDeltaNet
+from ..offload.overlap import DecodeOverlap
 from .moe import ResidentExperts, SparseMoE
 from .ops import rms_norm_zero_centered
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels, experts):
+    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels, experts, overlap):
         p = f"layers.{layer}."
         self.eps = cfg.rms_norm_eps
         self.input_norm, self.post_norm = w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"]
         self.is_attention = cfg.layer_types[layer] == FULL_ATTENTION
         self.mixer = GatedAttention(cfg, layer, w, kernels) if self.is_attention else GatedDeltaNet(cfg, layer, w, kernels)
-        self.moe = SparseMoE(cfg, layer, w, kernels, experts)
+        self.moe = SparseMoE(cfg, layer, w, kernels, experts, overlap)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int,
                 decode: bool) -> torch.Tensor:
@@ -37,13 +38,16 @@ class DecoderLayer:
 
 
 class Qwen35MoeModel:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], kernels, cache=None):
-        """cache: an ExpertSlotCache when the routed experts are offloaded; else they are in `weights`."""
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], kernels, cache=None, overlap=None):
+        """cache: an ExpertSlotCache when the routed experts are offloaded; else they are in `weights`.
+        overlap: the DecodeOverlap the plan chose (serial when None)."""
         self.cfg = cfg
         self.kernels = kernels
         self.cache = cache
+        self.overlap = overlap or DecodeOverlap("off")
         self.embed = weights["embed_tokens.weight"]
-        self.layers = [DecoderLayer(cfg, i, weights, kernels, self._experts(i, weights)) for i in range(cfg.num_layers)]
+        self.layers = [DecoderLayer(cfg, i, weights, kernels, self._experts(i, weights), self.overlap)
+                       for i in range(cfg.num_layers)]
         self.norm = weights["norm.weight"]
         self.lm_head_w = weights["lm_head.weight"]
         self.dtype, self.device = self.embed.dtype, self.embed.device

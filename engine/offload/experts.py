@@ -11,9 +11,10 @@ class OffloadedExperts:
         self.layer, self.cache = layer, cache
 
     def for_decode(self, ids: torch.Tensor):
+        """ensure now (on the compute stream: the single writer of the slot map); the copy is returned for the
+        caller to run serially or beside the shared expert."""
         slots, plan = self.cache.ensure(self.layer, ids)
-        self.cache.copy_missing(plan)
-        return slots, self.cache.gate_up, self.cache.down
+        return slots, self.cache.gate_up, self.cache.down, lambda: self.cache.copy_missing(plan)
 
     def for_prefill(self):
         return self.cache.stream_layer(self.layer)
