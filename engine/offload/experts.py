@@ -14,7 +14,9 @@ class OffloadedExperts:
         """ensure now (on the compute stream: the single writer of the slot map); the copy is returned for the
         caller to run serially or beside the shared expert."""
         slots, plan = self.cache.ensure(self.layer, ids)
-        return slots, self.cache.gate_up, self.cache.down, lambda: self.cache.copy_missing(plan)
+        copy = lambda: self.cache.copy_missing(plan)  # noqa: E731
+        copy.inputs = (plan.src, plan.dst, plan.count)  # read on the side stream when the copy is forked
+        return slots, self.cache.gate_up, self.cache.down, copy
 
     def for_prefill(self):
         return self.cache.stream_layer(self.layer)

@@ -96,6 +96,8 @@ class DecodeOverlap:
                 with s.on(s.side):
                     self.side_delay()
             if self.split == "copy-side":
+                for tensor in getattr(copy, "inputs", ()):
+                    s.keep_alive(tensor, s.side)
                 with s.on(s.side):
                     copy()
                 out = shared()
