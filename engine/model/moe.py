@@ -62,6 +62,9 @@ class ResidentExperts:
     def for_prefill(self):
         return self.gate_up, self.down
 
+    def release_prefill(self) -> None:
+        pass
+
 
 class SparseMoE:
     def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels, experts, overlap):
@@ -82,4 +85,6 @@ class SparseMoE:
             shared = self.overlap.run(copy, lambda: self.shared_expert(x), x)
             return self.kernels.experts_decode(x, weights, ids, gate_up, down) + shared
         gate_up, down = self.experts.for_prefill()
-        return self.kernels.experts_prefill(x, weights, ids, gate_up, down) + self.shared_expert(x)
+        routed = self.kernels.experts_prefill(x, weights, ids, gate_up, down)
+        self.experts.release_prefill()
+        return routed + self.shared_expert(x)

@@ -44,6 +44,10 @@ class ExpertSlotCache:
         # Prefill streams each layer's whole bank into one of two buffers (the baseline layer-major improves on).
         self.stream_rows = torch.empty(2, e, bank.row_elems, dtype=bank.dtype, device=device)
         self._stream_layer = [-1, -1]  # which layer each buffer holds: a repeat visit skips the copy
+        on_gpu = device.type == "cuda"
+        self._copy = torch.cuda.Stream(device=device) if on_gpu else None
+        self._copy_done = [torch.cuda.Event() for _ in range(2)] if on_gpu else []
+        self._buffer_free = [torch.cuda.Event() for _ in range(2)] if on_gpu else []
         self.stream_bytes = 0  # bytes the prefill streaming moved (host -> GPU on a GPU)
         self.stream_copies = 0
 
@@ -91,17 +95,39 @@ class ExpertSlotCache:
     def stream_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill: this layer's whole bank in a device buffer -> stacked (gate_up, down) views by expert id.
 
-        Chunked prefill visits layer L once per chunk and, with two buffers, finds it overwritten by L+2: one
-        bank copy per chunk. Layer-major prefill visits L for every chunk in a row: one copy per prompt."""
+        Two buffers: while layer L computes from one, layer L+1's bank streams into the other on the copy
+        stream (behind the previous layer's compute). Chunked prefill visits layer L once per chunk and finds
+        it overwritten by L+2: one bank copy per chunk. Layer-major prefill visits L for every chunk in a
+        row: one copy per prompt. Call `release_layer(L)` after each use, so the copy into a buffer waits for
+        its readers."""
         which = layer % 2
-        buf = self.stream_rows[which]
         if self._stream_layer[which] != layer:
-            src = self.bank.layer_rows(layer)
-            buf.copy_(src, non_blocking=True)
-            self._stream_layer[which] = layer
-            self.stream_bytes += src.numel() * src.element_size()
-            self.stream_copies += 1
-        return split_rows(buf, self.cfg)
+            self._start_copy(layer)
+        if self._copy is not None:
+            torch.cuda.current_stream().wait_event(self._copy_done[which])
+        if layer + 1 < self.cfg.num_layers and self._stream_layer[(layer + 1) % 2] != layer + 1:
+            self._start_copy(layer + 1)
+        return split_rows(self.stream_rows[which], self.cfg)
+
+    def release_layer(self, layer: int) -> None:
+        """The compute stream is done reading this layer's buffer (until its next use is queued)."""
+        if self._copy is not None:
+            self._buffer_free[layer % 2].record(torch.cuda.current_stream())
+
+    def _start_copy(self, layer: int) -> None:
+        which = layer % 2
+        src, buf = self.bank.layer_rows(layer), self.stream_rows[which]
+        if self._copy is None:
+            buf.copy_(src)
+        else:
+            # Named stream: prefill bank copies run here so they overlap the compute stream's GEMMs.
+            self._copy.wait_event(self._buffer_free[which])
+            with torch.cuda.stream(self._copy):
+                buf.copy_(src, non_blocking=True)
+            self._copy_done[which].record(self._copy)
+        self._stream_layer[which] = layer
+        self.stream_bytes += src.numel() * src.element_size()
+        self.stream_copies += 1
 
     def counters(self) -> dict:
         hits, misses = int(self.hits), int(self.misses)

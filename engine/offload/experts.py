@@ -20,3 +20,6 @@ class OffloadedExperts:
 
     def for_prefill(self):
         return self.cache.stream_layer(self.layer)
+
+    def release_prefill(self) -> None:
+        self.cache.release_layer(self.layer)
