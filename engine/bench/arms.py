@@ -68,6 +68,15 @@ def register_arm(arm: Arm, *, replace: bool = False) -> Arm:
 register_arm(Arm("baseline", {}, "the engine's defaults (the plan decides every 'auto')"))
 register_arm(Arm("chunk-512", {"prefill_chunk": 512}, "prefill in 512-token chunks"))
 register_arm(Arm("chunk-1024", {"prefill_chunk": 1024}, "prefill in 1,024-token chunks"))
+# The seeds' mechanisms (they apply with offloaded experts: add expert_slots, or let the plan offload).
+register_arm(Arm("overlap-off", {"overlap": "off"}, "decode: miss copy and shared expert serial on one stream"))
+register_arm(Arm("overlap-copy-side", {"overlap": "copy-side"},
+                 "decode: the miss copy on a side stream beside the shared expert (split a)"))
+register_arm(Arm("overlap-shared-side", {"overlap": "shared-side"},
+                 "decode: the shared expert on a side stream, the copy behind ensure (split b)"))
+register_arm(Arm("chunked", {"prefill_mode": "chunked"}, "prefill: every chunk through every layer"))
+register_arm(Arm("layer-major", {"prefill_mode": "layer-major"},
+                 "prefill: every chunk through layer L before L+1 (each bank crosses PCIe once per prompt)"))
 
 
 def _value(text: str) -> Any:
