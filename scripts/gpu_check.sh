@@ -12,7 +12,7 @@ export QWENLOCAL_HOME=$(mktemp -d)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 t0=$(date +%s)
-timeout ${TEST_TIMEOUT:-900} python3 -m pytest -m gpu -v -s -p no:cacheprovider ${TESTS:-tests/test_gpu_runtime.py tests/test_gpu_overlap.py tests/test_gpu_reference.py tests/test_kernels_moe.py tests/test_offload.py} 2>&1 | tee "$OUT/gpu_tests.log"
+timeout ${TEST_TIMEOUT:-900} python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-tests/test_gpu_runtime.py tests/test_gpu_overlap.py tests/test_gpu_reference.py tests/test_kernels_moe.py tests/test_offload.py} 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 t1=$(date +%s)
 bench_rc=skipped
@@ -30,7 +30,7 @@ fi
 
 echo
 echo "== summary =="
-printf '%-28s %s\n' "gpu tier (pytest -m gpu)" "rc=$tests_rc, $((t1 - t0)) s: $(tail -n 1 "$OUT/gpu_tests.log")"
+printf "%-28s %s\n" "gpu tier (pytest)" "rc=$tests_rc, $((t1 - t0)) s: $(tail -n 1 "$OUT/gpu_tests.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20
 printf '%-28s %s\n' "bench" "rc=$bench_rc, $((t2 - t1)) s"
 [ -f "$OUT/bench.log" ] && tail -n 5 "$OUT/bench.log"
