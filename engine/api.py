@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -17,13 +18,15 @@ from .load import load_weights
 from .offload.bank import HostExpertBank
 from .offload.cache import ExpertSlotCache
 from .offload.overlap import CudaStreams, DecodeOverlap
+from .offload.routing import RoutingSpec, RoutingTrace
 from .model.kernels import select_kernels
 from .model.qwen3_5_moe import Qwen35MoeModel
 from .options import EngineOptions
 from .runtime.generate import GenerationStats, generate_tokens
 from .runtime.runner import Runner
 from .runtime.session import Session
-from .synthetic import is_synthetic, synthetic_geometry, synthetic_model, synthetic_tokenizer_dir
+from .synthetic import (is_synthetic, synthetic_config, synthetic_geometry, synthetic_model,
+                        synthetic_tokenizer_dir)
 from .runtime.sampler import SamplingParams, defaults_from_generation_config, eos_from_generation_config
 from .tokenizer import ChatTokenizer, StreamDecoder, ThinkSplitter
 
@@ -71,6 +74,28 @@ def _offload_bank(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype,
     return HostExpertBank(config, dtype, pin=device.type == "cuda")
 
 
+def apply_plan(opts: EngineOptions, plan) -> EngineOptions:
+    """What a GPU engine runs with: the plan's slot count when not every expert fits the VRAM budget (the
+    experts then live in the host bank), and its context when none was asked for. User values stay."""
+    changes = {}
+    if opts.expert_slots is None and not plan.all_resident:
+        changes["expert_slots"] = plan.slots
+    if opts.max_context is None:
+        changes["max_context"] = plan.context_tokens
+    return replace(opts, **changes) if changes else opts
+
+
+def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype):
+    """The probe's profile of this GPU (cached) and the policy's plan for this model; raises ResourceError
+    with the numbers when the model cannot fit, before any weight is read."""
+    from .plan import ModelFacts, resolve_plan
+    from .probe.cache import get_profile
+
+    facts = ModelFacts.from_config(config, expert_dtype_bytes=torch.finfo(dtype).bits / 8,
+                                   dense_dtype_bytes=torch.finfo(dtype).bits / 8)
+    return resolve_plan(get_profile(), facts, opts, device="cuda")
+
+
 def choose_overlap(opts: EngineOptions, device: torch.device, cache) -> tuple[DecodeOverlap, str]:
     """The decode overlap split, decided once before any graph capture, with its reason."""
     if opts.overlap == "off":
@@ -104,6 +129,7 @@ class Engine:
         self.runner = Runner(model, options.prefill_chunk, max_context, options.cuda_graphs,
                              options.prefill_mode, options.prefill_window)
         self._busy = threading.Lock()
+        self.machine_plan = None  # the probe-based plan on a GPU (slots, context, bank) or None on the CPU
         self._last: GenerationStats | None = None
         self._totals = {"prompt_tokens": 0, "completion_tokens": 0, "turns": 0}
 
@@ -113,15 +139,20 @@ class Engine:
                         options: EngineOptions | Mapping[str, Any] | None = None,
                         progress: ProgressFn | None = None) -> "Engine":
         opts = EngineOptions.coerce(options, vram_budget=vram_budget)
+        routing = RoutingSpec.from_value(opts.routing)  # a bad spec fails here, before any loading
         dev = _resolve_device(device)
         dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise OptionError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+        plan = None
         if is_synthetic(path):
             _, geometry, _ = synthetic_geometry(str(path))
             model_dir = Path(synthetic_tokenizer_dir(geometry))
             tokenizer = ChatTokenizer.from_dir(model_dir)
             padded_vocab = -(-tokenizer.vocab_size // 64) * 64
+            if dev.type == "cuda":
+                plan = machine_plan(synthetic_config(str(path), padded_vocab), opts, dtype)
+                opts = apply_plan(opts, plan)
             config, weights = synthetic_model(str(path), dev, dtype, padded_vocab)
             bank = _offload_bank(config, opts, dtype, dev)
             if bank is not None:
@@ -134,6 +165,9 @@ class Engine:
             config = load_model_config(model_dir)
             tokenizer = ChatTokenizer.from_dir(model_dir)
             ckpt = Checkpoint(model_dir)
+            if dev.type == "cuda":
+                plan = machine_plan(config, opts, dtype)
+                opts = apply_plan(opts, plan)
             bank = _offload_bank(config, opts, dtype, dev)
             step = (lambda done, total: progress("weights", done, total)) if progress else None
             weights = load_weights(ckpt, config, dtype, dev, progress=step,
@@ -143,9 +177,14 @@ class Engine:
         overlap, overlap_reason = choose_overlap(opts, dev, cache)
         model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context), cache, overlap)
         model.overlap_reason = overlap_reason
+        if routing is not None:
+            model.use_routing(RoutingTrace.from_spec(routing, config.num_layers, config.moe.num_experts,
+                                                     config.moe.top_k, dev))
         eos = eos_from_generation_config(model_dir) or tokenizer.eos_token_ids or config.eos_token_ids
-        return cls(model_dir, config, model, tokenizer, opts, defaults_from_generation_config(model_dir), eos,
-                   max_context)
+        engine = cls(model_dir, config, model, tokenizer, opts, defaults_from_generation_config(model_dir), eos,
+                     max_context)
+        engine.machine_plan = plan
+        return engine
 
     @property
     def device(self) -> torch.device:
@@ -160,8 +199,14 @@ class Engine:
             "prefill_chunk": {"value": self.options.prefill_chunk, "reason": "engine option"},
             "max_context": {"value": self.max_context, "reason": "model limit, or the max_context option"},
         }
+        if self.machine_plan is not None:
+            for name in ("vram_budget", "context_tokens", "slots", "bank"):
+                out[name] = {"value": self.machine_plan.display_value(name), "reason": self.machine_plan.reason(name)}
         for part, (name, reason) in self.model.kernels.choices.items():
             out[part] = {"value": name, "reason": reason}
+        if self.model.routing is not None:
+            out["routing"] = {"value": self.model.routing.spec.describe(),
+                              "reason": "synthetic expert ids for benchmarks (the router's weights are kept)"}
         out["overlap"] = {"value": self.model.overlap.split, "reason": getattr(self.model, "overlap_reason", "")}
         lm = self.runner.layer_major
         out["prefill_mode"] = {"value": f"layer-major above {self.options.prefill_chunk} tokens" if lm else "chunked",

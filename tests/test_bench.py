@@ -63,7 +63,7 @@ def test_arms_registry_and_ad_hoc_arms():
     assert [a.name for a in parse_arms("baseline,chunk-512")] == ["baseline", "chunk-512"]
     small = parse_arm("small:prefill_chunk=256,cuda_graphs=false")
     assert small.options == {"prefill_chunk": 256, "cuda_graphs": False}
-    assert small.engine_options({"routing": {"hit_rate": 0.85}}).routing == {"hit_rate": 0.85}
+    assert small.engine_options({"routing": {"preset": "calibrated-28"}}).routing == {"preset": "calibrated-28"}
     with pytest.raises(OptionError, match="unknown engine option"):
         parse_arm("x:warp=9")
     with pytest.raises(OptionError, match="no bench arm"):
@@ -72,7 +72,7 @@ def test_arms_registry_and_ad_hoc_arms():
         parse_arms("baseline,baseline")
     with pytest.raises(OptionError, match="already registered"):
         register_arm(Arm("baseline"))
-    assert parse_spec("hit_rate=0.85,seed=3,trace=zipf") == {"hit_rate": 0.85, "seed": 3, "trace": "zipf"}
+    assert parse_spec("preset=calibrated-28,seed=3,reuse=0.7") == {"preset": "calibrated-28", "seed": 3, "reuse": 0.7}
     assert parse_spec('{"a": [1, 2]}') == {"a": [1, 2]} and parse_spec(None) is None
 
 
@@ -161,12 +161,12 @@ def test_protocol_interleaves_with_the_same_prompts_and_a_peer_arm():
 def test_record_round_trip_and_compare(tmp_path):
     arms = [Arm("L2"), Arm("L3")]
     cases = build_cases([16384], [], 128)
-    rec = build_record(command=["qwenlocal", "bench"], settings={"pairs": 3, "routing": {"hit_rate": 0.85}},
+    rec = build_record(command=["qwenlocal", "bench"], settings={"pairs": 3, "routing": {"preset": "calibrated-28"}},
                        model={"name": "synthetic:qwen3.6-35b-a3b"}, arms=arms, arm_info={}, cases=cases,
                        trials=_trials({"L2": L2, "L3": L3}), skipped=[], profile=None, started=0.0, complete=True)
     path = write_record(rec, tmp_path)
     back = load_record(path)
-    assert back["routing"] == {"hit_rate": 0.85} and len(back["trials"]) == 7 and back["source"]["commit"]
+    assert back["routing"] == {"preset": "calibrated-28"} and len(back["trials"]) == 7 and back["source"]["commit"]
     json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     faster = json.loads(json.dumps(back))
     for t in faster["trials"]:

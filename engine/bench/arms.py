@@ -140,6 +140,6 @@ def parse_spec(text: str | None) -> Any:
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, eq, value = item.partition("=")
         if not eq:
-            raise OptionError(f"--routing: {item!r} is not key=value (e.g. hit_rate=0.85,seed=0)")
+            raise OptionError(f"--routing: {item!r} is not key=value (e.g. preset=calibrated-28,seed=1 or skew=1.0,reuse=0.744,window=4)")
         out[key.strip()] = _value(value)
     return out

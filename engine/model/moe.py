@@ -70,6 +70,7 @@ class SparseMoE:
     def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels, experts, overlap):
         p = f"layers.{layer}.mlp."
         self.layer, self.top_k, self.kernels, self.overlap = layer, cfg.moe.top_k, kernels, overlap
+        self.routing = None  # a synthetic RoutingTrace (benchmarks only): replaces the ids, keeps the weights
         self.router_w = w[p + "gate.weight"]
         self.experts = experts
         self.shared = tuple(w[p + f"shared_expert.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj"))
@@ -80,6 +81,8 @@ class SparseMoE:
 
     def forward(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         weights, ids = route(x, self.router_w, self.top_k)
+        if self.routing is not None:
+            ids = self.routing.ids(self.layer, x.shape[0])
         if decode and x.shape[0] == 1:
             ids, gate_up, down, copy = self.experts.for_decode(ids)
             shared = self.overlap.run(copy, lambda: self.shared_expert(x), x)

@@ -45,12 +45,19 @@ class Qwen35MoeModel:
         self.kernels = kernels
         self.cache = cache
         self.overlap = overlap or DecodeOverlap("off")
+        self.routing = None
         self.embed = weights["embed_tokens.weight"]
         self.layers = [DecoderLayer(cfg, i, weights, kernels, self._experts(i, weights), self.overlap)
                        for i in range(cfg.num_layers)]
         self.norm = weights["norm.weight"]
         self.lm_head_w = weights["lm_head.weight"]
         self.dtype, self.device = self.embed.dtype, self.embed.device
+
+    def use_routing(self, trace) -> None:
+        """Benchmarks: take expert ids from a synthetic trace (the runner advances it once per forward)."""
+        self.routing = trace
+        for layer in self.layers:
+            layer.moe.routing = trace
 
     def _experts(self, layer: int, weights: dict[str, torch.Tensor]):
         if self.cache is not None:

@@ -25,6 +25,7 @@ class DecodeGraph:
     def capture(self) -> None:
         """Warm up on a side stream (as torch requires), capture, then restore the state it disturbed."""
         snap = self.state.snapshot()
+        routing_at = self.model.routing.position.clone() if self.model.routing is not None else None
         self.model.kernels.attention.prepare(0, 1, decode=True)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -36,9 +37,13 @@ class DecodeGraph:
             self.logits = self._step()
         torch.cuda.synchronize()
         self.state.restore(snap)
+        if routing_at is not None:
+            self.model.routing.position.copy_(routing_at)
 
     def _step(self) -> torch.Tensor:
         hidden = self.model.forward(self.token, self.position, self.state, 0, decode=True)
+        if self.model.routing is not None:
+            self.model.routing.advance(1)  # device-side: captured in the graph
         return self.model.logits(hidden)
 
     def replay(self, token: torch.Tensor, start: int) -> torch.Tensor:

@@ -45,16 +45,22 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
     positions = [torch.arange(start + a, start + b, device=model.device) for a, b in bounds]
     snap = state.snapshot() if cancel is not None else None
     xs = [model.embed_ids(ids[a:b]) for a, b in bounds]
-    attention = model.kernels.attention
+    attention, routing = model.kernels.attention, model.routing
     try:
         for layer in model.layers:
             for i, (a, b) in enumerate(bounds):
                 if cancel is not None and cancel.is_set():
                     raise GenerationCancelled("prefill cancelled")
                 attention.prepare(start + a, b - a, decode=False)
+                if routing is not None:
+                    routing.advance(a)  # the trace rows chunked prefill would give this chunk
                 xs[i] = layer.forward(xs[i], positions[i], state, start + a, decode=False)
+                if routing is not None:
+                    routing.advance(-a)
     except GenerationCancelled:
         state.restore(snap)
         raise
+    if routing is not None:
+        routing.advance(ids.shape[0])
     state.seq_len = start + ids.shape[0]
     return [model.final_norm(x) for x in xs]

@@ -60,6 +60,8 @@ class Runner:
         positions = torch.arange(start, start + t, device=self.model.device)
         self.model.kernels.attention.prepare(start, t, decode)
         hidden = self.model.forward(ids, positions, state, start, decode)
+        if self.model.routing is not None:
+            self.model.routing.advance(t)
         state.seq_len += t
         return hidden
 

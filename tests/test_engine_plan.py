@@ -1,0 +1,45 @@
+"""The GPU engine follows the machine plan: offload with the plan's slot count when the experts do not fit
+the VRAM budget, the plan's context when none was asked; user values stay."""
+import torch
+
+from qwenlocal.engine.api import apply_plan
+from qwenlocal.engine.options import EngineOptions
+from qwenlocal.engine.plan import ModelFacts, resolve_plan
+from qwenlocal.engine.probe import fake
+from qwenlocal.engine.synthetic import synthetic_config
+
+CFG = synthetic_config("synthetic:qwen3.6-35b-a3b", 0)
+FACTS = ModelFacts.from_config(CFG, expert_dtype_bytes=torch.finfo(torch.bfloat16).bits / 8)
+
+
+def test_sixteen_gib_card_offloads_with_the_plans_slots():
+    opts = EngineOptions(vram_budget="16GiB")
+    plan = resolve_plan(fake.wsl2_rtx5070ti(), FACTS, opts, device="cuda")
+    assert not plan.all_resident and 0 < plan.slots < 10240
+    applied = apply_plan(opts, plan)
+    assert applied.expert_slots == plan.slots and applied.max_context == plan.context_tokens
+
+
+def test_everything_resident_on_a_big_gpu_keeps_experts_on_the_device():
+    plan = resolve_plan(fake.h200(), FACTS, EngineOptions(), device="cuda")
+    applied = apply_plan(EngineOptions(), plan)
+    assert plan.all_resident and applied.expert_slots is None
+
+
+def test_user_values_win():
+    opts = EngineOptions(vram_budget="16GiB", expert_slots=900, max_context=8192)
+    plan = resolve_plan(fake.wsl2_rtx5070ti(), FACTS, opts, device="cuda")
+    applied = apply_plan(opts, plan)
+    assert (applied.expert_slots, applied.max_context) == (900, 8192)
+
+
+def test_tiny_test_models_stay_resident_under_the_plan(tiny_ckpt, odd_ckpt, small_ckpt):
+    from qwenlocal.engine.config import load_model_config
+
+    for ckpt in (tiny_ckpt, odd_ckpt, small_ckpt):
+        cfg = load_model_config(ckpt)
+        facts = ModelFacts.from_config(cfg, expert_dtype_bytes=2.0)
+        plan = resolve_plan(fake.h200(), facts, EngineOptions(), device="cuda")
+        applied = apply_plan(EngineOptions(), plan)
+        assert plan.all_resident and applied.expert_slots is None
+        assert applied.max_context == plan.context_tokens <= cfg.max_position_embeddings
