@@ -2,7 +2,6 @@
 import subprocess
 import sys
 
-import pytest
 
 from qwenlocal.app.cli import main
 
