@@ -18,6 +18,8 @@ from safetensors import safe_open
 from .checkpoint import Checkpoint, TensorEntry
 from .config import FULL_ATTENTION, ModelConfig
 from .errors import CheckpointError, UnsupportedModelError
+from .quant.formats import GROUP, dequant_fp8, dequant_nvfp4
+from .quant.scheme import BF16, NVFP4, QuantScheme, parse_quant_scheme
 
 log = logging.getLogger(__name__)
 # Kept in fp32 whatever the compute dtype (mamba_ssm_dtype is float32 in the config).
@@ -62,11 +64,16 @@ def dense_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def expert_plan(ckpt: Checkpoint, cfg: ModelConfig, layer: int) -> dict[str, list[TensorEntry]] | dict[str, TensorEntry]:
-    """The stored tensors of one layer's routed experts, validated; fused or per-expert layout."""
+def expert_plan(ckpt: Checkpoint, cfg: ModelConfig, layer: int, scheme: QuantScheme | None = None) -> dict:
+    """The stored tensors of one layer's routed experts, validated; fused or per-expert layout (per expert
+    in BF16, or quantized as the scheme says)."""
     h, moe = cfg.hidden_size, cfg.moe
     e, i = moe.num_experts, moe.intermediate_size
     p = f"layers.{layer}.mlp.experts."
+    fmt = scheme.format_of(p[:-1]) if scheme is not None else BF16
+    if fmt != BF16:
+        return {"format": fmt, **{kind: [quantized_entries(ckpt, f"{p}{x}.{kind}", fmt, *shape) for x in range(e)]
+                                  for kind, shape in (("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i)))}}
     if p + "gate_up_proj" in ckpt or p + "down_proj" in ckpt:
         return {
             "gate_up_proj": ckpt.expect_shape(p + "gate_up_proj", (e, 2 * i, h)),
@@ -83,14 +90,44 @@ def expert_plan(ckpt: Checkpoint, cfg: ModelConfig, layer: int) -> dict[str, lis
     }
 
 
-def check_unquantized(ckpt: Checkpoint, cfg: ModelConfig) -> None:
-    scaled = [n for n in ckpt.entries if n.endswith((".weight_scale", ".weight_scale_2", ".input_scale"))]
-    if cfg.quantization is not None or scaled:
-        algo = (cfg.quantization or {}).get("quant_algo", "quantized")
-        raise UnsupportedModelError(
-            f"this checkpoint is {algo} (e.g. {scaled[0] if scaled else 'quantization_config'}); this version "
-            "loads BF16/FP32 qwen3_5_moe checkpoints only"
-        )
+def quantized_entries(ckpt: Checkpoint, module: str, fmt: str, out: int, inp: int) -> dict[str, TensorEntry]:
+    """The stored tensors of one quantized linear, validated: NVFP4 = packed weight [out, in/2] (U8), block scales
+    [out, in/16] (F8_E4M3), global scale [] (F32); FP8 = weight [out, in] (F8_E4M3), scale [] (F32)."""
+    if fmt == NVFP4:
+        return {
+            "weight": _expect(ckpt, module + ".weight", (out, inp // 2), "U8"),
+            "weight_scale": _expect(ckpt, module + ".weight_scale", (out, inp // GROUP), "F8_E4M3"),
+            "weight_scale_2": _expect(ckpt, module + ".weight_scale_2", (), "F32"),
+        }
+    return {"weight": _expect(ckpt, module + ".weight", (out, inp), "F8_E4M3"),
+            "weight_scale": _expect(ckpt, module + ".weight_scale", (), "F32")}
+
+
+def _expect(ckpt: Checkpoint, name: str, shape: tuple[int, ...], dtype: str) -> TensorEntry:
+    entry = ckpt.expect_shape(name, shape)
+    if entry.dtype != dtype:
+        raise CheckpointError(f"tensor {entry.key} in {entry.file.name} is {entry.dtype}, expected {dtype} as the "
+                              "quantization config says")
+    return entry
+
+
+def check_scheme_matches(ckpt: Checkpoint, scheme: QuantScheme) -> None:
+    """Scales on a module the config calls BF16 mean the config and the weights disagree."""
+    for name in ckpt.entries:
+        if name.endswith(".weight_scale"):
+            module = name[: -len(".weight_scale")]
+            base = module.rsplit(".", 2)[0] if ".mlp.experts." in module else module
+            if scheme.format_of(base) == BF16:
+                raise UnsupportedModelError(
+                    f"{name} is stored quantized but the quantization config does not list {base}: the checkpoint's "
+                    "config.json and weights disagree (re-download it)")
+
+
+def _dequant(reader: "_Reader", entries: dict[str, TensorEntry], fmt: str, dtype: torch.dtype) -> torch.Tensor:
+    if fmt == NVFP4:
+        return dequant_nvfp4(reader.get(entries["weight"]), reader.get(entries["weight_scale"]),
+                             reader.get(entries["weight_scale_2"]), dtype)
+    return dequant_fp8(reader.get(entries["weight"]), reader.get(entries["weight_scale"]), dtype)
 
 
 class _Reader:
@@ -118,17 +155,30 @@ def load_weights(
 ) -> dict[str, torch.Tensor]:
     """expert_sink(layer, gate_up, down): receives each layer's experts (on the CPU) instead of the returned
     dict, so an offloaded model streams them into its host bank without a second full copy."""
-    check_unquantized(ckpt, cfg)
+    scheme = parse_quant_scheme(cfg.quantization)
+    check_scheme_matches(ckpt, scheme)
     shapes = dense_shapes(cfg)
-    entries = {name: ckpt.expect_shape(name, shape) for name, shape in shapes.items()}
-    experts = {layer: expert_plan(ckpt, cfg, layer) for layer in range(cfg.num_layers)}
-    expert_names = {e.key for plan in experts.values() for v in plan.values() for e in (v if isinstance(v, list) else [v])}
-    unused = sorted(n for n, e in ckpt.entries.items() if n not in entries and e.key not in expert_names)
+    entries, quantized = {}, {}
+    for name, shape in shapes.items():
+        fmt = scheme.format_of(name[: -len(".weight")]) if name.endswith(".weight") else BF16
+        if fmt == BF16:
+            entries[name] = ckpt.expect_shape(name, shape)
+        else:
+            quantized[name] = (fmt, quantized_entries(ckpt, name[: -len(".weight")], fmt, *shape))
+    experts = {layer: expert_plan(ckpt, cfg, layer, scheme) for layer in range(cfg.num_layers)}
+    expert_names = {e.key for plan in experts.values() for v in plan.values() if not isinstance(v, str)
+                    for item in (v if isinstance(v, list) else [v])
+                    for e in (item.values() if isinstance(item, dict) else [item])}
+    expert_names |= {e.key for _, group in quantized.values() for e in group.values()}
+    # Activation/KV scales of W8A8 kernels are expected extras: the reference path keeps activations unquantized.
+    extras = (".input_scale", ".k_scale", ".v_scale", ".q_scale", ".prob_scale")
+    unused = sorted(n for n, e in ckpt.entries.items()
+                    if n not in entries and e.key not in expert_names and not n.endswith(extras))
     if unused:
         log.warning("ignoring %d tensors the text model does not use, e.g. %s", len(unused), unused[:3])
 
     reader = _Reader()
-    total, done = len(entries) + cfg.num_layers, 0
+    total, done = len(entries) + len(quantized) + cfg.num_layers, 0
 
     def convert(name: str, t: torch.Tensor) -> torch.Tensor:
         target = torch.float32 if name.endswith(FP32_SUFFIXES) else dtype
@@ -141,6 +191,12 @@ def load_weights(
         done += 1
         if progress:
             progress(done, total)
+    for name, (fmt, group) in quantized.items():
+        # The CPU reference path dequantizes once at load (the GPU kernels read the native bytes).
+        out[name] = _dequant(reader, group, fmt, dtype).to(device)
+        done += 1
+        if progress:
+            progress(done, total)
     expert_device = "cpu" if expert_sink is not None else device
 
     def convert_expert(t: torch.Tensor) -> torch.Tensor:
@@ -148,7 +204,12 @@ def load_weights(
 
     for layer, plan in experts.items():
         p = f"layers.{layer}.mlp.experts."
-        if "gate_up_proj" in plan:
+        if "format" in plan:
+            parts = {kind: [_dequant(reader, group, plan["format"], dtype) for group in plan[kind]]
+                     for kind in ("gate_proj", "up_proj", "down_proj")}
+            gate_up = convert_expert(torch.cat([torch.stack(parts["gate_proj"]), torch.stack(parts["up_proj"])], dim=1))
+            down = convert_expert(torch.stack(parts["down_proj"]))
+        elif "gate_up_proj" in plan:
             gate_up = convert_expert(reader.get(plan["gate_up_proj"]))
             down = convert_expert(reader.get(plan["down_proj"]))
         else:
