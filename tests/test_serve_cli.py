@@ -35,7 +35,7 @@ def test_serve_subprocess_with_api_key(tiny_ckpt):
             openai_client(url, "nope").models.list()
         client = openai_client(url, "k3y")
         assert [m.id for m in client.models.list().data] == ["tiny-cli"]
-        r = client.chat.completions.create(model="tiny-cli", messages=HI, max_tokens=3)
+        r = client.chat.completions.create(model="tiny-cli", messages=HI, max_tokens=3, temperature=0)
         assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
     finally:
         proc.send_signal(signal.SIGINT)

@@ -94,7 +94,7 @@ def test_completions_raw_prompt(client, tiny_ckpt):
     stop = r.choices[0].text[3:5]
     cut = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, seed=3, stop=stop, **FREE)
     assert cut.choices[0].text == r.choices[0].text[:r.choices[0].text.index(stop)]
-    ids = client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=2)  # token ids as the prompt
+    ids = client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=2, temperature=0)  # token ids as the prompt
     assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 2
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL, prompt="the " * 5000, max_tokens=2)
@@ -111,7 +111,7 @@ def test_disconnect_cancels_and_the_next_request_works(served, client):
     assert wait_for(lambda: served.health()["counters"]["cancelled"] == before + 1), served.health()
     last = served.health()["last"]
     assert last["engine_finish_reason"] == "cancelled" and last["completion_tokens"] < 3000
-    r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=4)
+    r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=4, temperature=0)
     assert r.usage.completion_tokens == 4
 
 
@@ -184,7 +184,8 @@ def test_auth_off_and_on(served):
         assert err.value.status_code == 401 and err.value.body["code"] == "invalid_api_key"
         assert httpx.get(url + "/v1/models", timeout=10).status_code == 401  # no header at all
         assert httpx.get(url + "/health", timeout=10).status_code == 200  # probes need no key
-        r = openai_client(url, "s3cret").chat.completions.create(model=MODEL, messages=HI, max_tokens=3)
+        r = openai_client(url, "s3cret").chat.completions.create(model=MODEL, messages=HI, max_tokens=3,
+                                                                   temperature=0)
         assert r.usage.completion_tokens == 3
     finally:
         keyed.stop()

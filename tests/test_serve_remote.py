@@ -56,7 +56,7 @@ def test_cancel_stops_the_reply_and_the_server(served):
     assert isinstance(last, TurnDone) and last.finish_reason == "cancelled"
     assert time.perf_counter() - t0 < 10
     assert wait_for(lambda: served.health()["counters"]["cancelled"] == before + 1)
-    after = list(rc.chat(HI, {"max_tokens": 3}, enable_thinking=False))
+    after = list(rc.chat(HI, {"max_tokens": 3, "temperature": 0}, enable_thinking=False))
     assert isinstance(after[-1], TurnDone) and after[-1].completion_tokens == 3
     rc.close()
 
@@ -71,7 +71,7 @@ def test_connection_errors_are_clear_and_recoverable(served):
         rc.connect()
     handle = extra_app(served, port=port)  # the server comes (back) up: the same client just works
     try:
-        events = list(rc.chat(HI, {"max_tokens": 3}, enable_thinking=False))
+        events = list(rc.chat(HI, {"max_tokens": 3, "temperature": 0}, enable_thinking=False))
         assert isinstance(events[-1], TurnDone) and events[-1].completion_tokens == 3
     finally:
         handle.stop()
