@@ -74,6 +74,18 @@ def _offload_bank(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype,
     return HostExpertBank(config, dtype, pin=device.type == "cuda")
 
 
+def _placement(weights: dict[str, torch.Tensor], bank) -> dict:
+    def nbytes(ts) -> int:
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    experts = [t for n, t in weights.items() if ".mlp.experts." in n]
+    dense = [t for n, t in weights.items() if ".mlp.experts." not in n]
+    out = {"dense_weights": nbytes(dense), "experts_resident": nbytes(experts)}
+    if bank is not None:
+        out["host_expert_bank"] = bank.bytes
+    return out
+
+
 def apply_plan(opts: EngineOptions, plan) -> EngineOptions:
     """What a GPU engine runs with: the plan's slot count when not every expert fits the VRAM budget (the
     experts then live in the host bank), and its context when none was asked for. User values stay."""
@@ -130,6 +142,7 @@ class Engine:
                              options.prefill_mode, options.prefill_window)
         self._busy = threading.Lock()
         self.machine_plan = None  # the probe-based plan on a GPU (slots, context, bank) or None on the CPU
+        self._placed: dict = {}
         self._last: GenerationStats | None = None
         self._totals = {"prompt_tokens": 0, "completion_tokens": 0, "turns": 0}
 
@@ -173,6 +186,7 @@ class Engine:
             weights = load_weights(ckpt, config, dtype, dev, progress=step,
                                    expert_sink=bank.put if bank is not None else None)
         max_context = context_limit(config, opts)
+        placed = _placement(weights, bank)
         cache = ExpertSlotCache(config, bank, opts.expert_slots, dev) if bank is not None else None
         overlap, overlap_reason = choose_overlap(opts, dev, cache)
         model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context), cache, overlap)
@@ -184,6 +198,7 @@ class Engine:
         engine = cls(model_dir, config, model, tokenizer, opts, defaults_from_generation_config(model_dir), eos,
                      max_context)
         engine.machine_plan = plan
+        engine._placed = placed
         return engine
 
     @property
@@ -320,9 +335,32 @@ class Engine:
         out.update(gen.as_dict())
         return out
 
+    def placement(self) -> dict:
+        """What the engine placed where, in bytes: weights, expert slots and stream buffers, KV, states,
+        workspaces on the compute device; the expert bank in host RAM."""
+        out = dict(self._placed)
+        cache = self.model.cache
+        if cache is not None:
+            out["expert_slots"] = cache.rows.numel() * cache.rows.element_size()
+            out["prefill_stream_buffers"] = cache.stream_rows.numel() * cache.stream_rows.element_size()
+        a, lin, cfg = self.config.attention, self.config.linear, self.config
+        itemsize = torch.finfo(self.model.dtype).bits // 8
+        out["kv_cache_at_limit"] = (len(cfg.full_attention_layers) * self.max_context * 2 * a.num_kv_heads
+                                    * a.head_dim * itemsize)
+        out["recurrent_state"] = len(cfg.linear_attention_layers) * (
+            lin.num_value_heads * lin.key_head_dim * lin.value_head_dim * 4 + lin.conv_dim * (lin.conv_kernel - 1) * itemsize)
+        workspace = getattr(self.model.kernels.attention, "workspace_bytes", 0)
+        if workspace:
+            out["attention_workspace"] = workspace
+        out["device_total"] = sum(v for k, v in out.items() if k != "host_expert_bank")
+        if self.options.vram_budget is not None:
+            out["vram_budget"] = self.options.vram_budget
+        return out
+
     def stats(self) -> dict:
         """Counters of the engine and of the last turn (hits/misses/H2D appear once experts are offloaded)."""
-        out = {"device": self.device.type, "context_limit": self.max_context, **self._totals}
+        out = {"device": self.device.type, "context_limit": self.max_context, **self._totals,
+               "placement": self.placement()}
         if self._last is not None:
             out["last"] = self._last.as_dict()
         out.update(self.runner.counters)

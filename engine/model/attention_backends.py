@@ -86,6 +86,7 @@ class FlashInferAttention:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dtype, self.device, self.page_size = dtype, device, page_size
         self.max_pages = math.ceil(max_len / page_size)
+        self.workspace_bytes = 2 * _WORKSPACE_BYTES
         # Prefill and decode keep separate workspaces: a decode plan must not clobber a captured graph's data.
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device), kv_layout="NHD")
