@@ -69,3 +69,97 @@ def nvfp4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, scale
         n, k, BLOCK_N=block_n, BLOCK_K=min(256, max(32, triton.next_power_of_2(k))),
     )
     return out
+
+
+def nvfp4_expert_row_bytes(hidden: int, inter: int) -> int:
+    """One routed expert in its native NVFP4 bytes, as one bank/slot row (1,769,484 B for Qwen3.6-35B-A3B):
+    gate_up packed [2I, H/2] | gate_up scales [2I, H/16] | down packed [H, I/2] | down scales [H, I/16] |
+    three fp32 globals (gate, up, down)."""
+    return 2 * inter * hidden // 2 + 2 * inter * hidden // 16 + hidden * inter // 2 + hidden * inter // 16 + 12
+
+
+def pack_nvfp4_expert(gate: tuple, up: tuple, down: tuple) -> torch.Tensor:
+    """(packed, scale, scale2) triples of one expert's gate/up/down -> its uint8 row."""
+    parts = [torch.cat([gate[0], up[0]]).reshape(-1), torch.cat([gate[1], up[1]]).view(torch.uint8).reshape(-1),
+             down[0].reshape(-1), down[1].view(torch.uint8).reshape(-1),
+             torch.stack([gate[2].float(), up[2].float(), down[2].float()]).view(torch.uint8)]
+    return torch.cat([p.contiguous().view(torch.uint8) for p in parts])
+
+
+@triton.jit
+def nvfp4_moe_gate_up_kernel(x_ptr, ids_ptr, rows_ptr, act_ptr, H, I, row_bytes,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    j = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    base = rows_ptr + tl.load(ids_ptr + j).to(tl.int64) * row_bytes
+    scales = base + I * H  # after gate_up packed [2I, H/2]
+    globals_ = (base + I * H + I * H // 8 + H * I // 2 + H * I // 16).to(tl.pointer_type(tl.float32))
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = n < I
+    half = tl.arange(0, BLOCK_K // 2)
+    acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        byte = k0 // 2 + half
+        mask = mask_n[:, None] & (byte < H // 2)[None, :]
+        sidx = (k0 + 2 * half) // 16
+        x_even = tl.load(x_ptr + k0 + 2 * half, mask=byte < H // 2, other=0.0).to(tl.float32)
+        x_odd = tl.load(x_ptr + k0 + 2 * half + 1, mask=byte < H // 2, other=0.0).to(tl.float32)
+        for which in tl.static_range(2):  # 0: gate rows n, 1: up rows I + n
+            r = (n + which * I).to(tl.int64)
+            packed = tl.load(base + r[:, None] * (H // 2) + byte[None, :], mask=mask, other=0).to(tl.int32)
+            sc = _e4m3(tl.load(scales + r[:, None] * (H // 16) + sidx[None, :], mask=mask, other=0).to(tl.int32))
+            part = tl.sum(_e2m1(packed & 15) * sc * x_even[None, :] + _e2m1(packed >> 4) * sc * x_odd[None, :], axis=1)
+            if which == 0:
+                acc_g += part
+            else:
+                acc_u += part
+    g = acc_g * tl.load(globals_)
+    u = acc_u * tl.load(globals_ + 1)
+    tl.store(act_ptr + j * I + n, g / (1.0 + tl.exp(-g)) * u, mask=mask_n)
+
+
+@triton.jit
+def nvfp4_moe_down_kernel(act_ptr, ids_ptr, wts_ptr, rows_ptr, out_ptr, H, I, row_bytes,
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    j = tl.program_id(1)
+    base = rows_ptr + tl.load(ids_ptr + j).to(tl.int64) * row_bytes
+    down = base + I * H + I * H // 8
+    scales = down + H * I // 2
+    globals_ = (scales + H * I // 16).to(tl.pointer_type(tl.float32))
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = m < H
+    m64 = m.to(tl.int64)
+    half = tl.arange(0, BLOCK_K // 2)
+    acc = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        byte = k0 // 2 + half
+        mask_b = byte < I // 2
+        mask = mask_m[:, None] & mask_b[None, :]
+        packed = tl.load(down + m64[:, None] * (I // 2) + byte[None, :], mask=mask, other=0).to(tl.int32)
+        sc = _e4m3(tl.load(scales + m64[:, None] * (I // 16) + ((k0 + 2 * half) // 16)[None, :],
+                           mask=mask, other=0).to(tl.int32))
+        a_even = tl.load(act_ptr + j * I + k0 + 2 * half, mask=mask_b, other=0.0)
+        a_odd = tl.load(act_ptr + j * I + k0 + 2 * half + 1, mask=mask_b, other=0.0)
+        acc += tl.sum(_e2m1(packed & 15) * sc * a_even[None, :] + _e2m1(packed >> 4) * sc * a_odd[None, :], axis=1)
+    wt = tl.load(wts_ptr + j).to(tl.float32)
+    tl.store(out_ptr + j * H + m, acc * tl.load(globals_ + 2) * wt, mask=mask_m)
+
+
+def nvfp4_moe_decode(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
+                     hidden: int, inter: int) -> torch.Tensor:
+    """Batch-1 routed experts over native NVFP4 rows (bank or slot cache): x [1, H], weights/ids [1, k] -> [1, H].
+    The k partial outputs are summed in top-k order (deterministic)."""
+    k = ids.shape[-1]
+    act = torch.empty(k, inter, device=x.device, dtype=torch.float32)
+    partial = torch.empty(k, hidden, device=x.device, dtype=torch.float32)
+    ids_flat, wts = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
+    row_bytes = rows.shape[1]
+    nvfp4_moe_gate_up_kernel[(k, triton.cdiv(inter, 16))](
+        x.reshape(-1).contiguous(), ids_flat, rows, act, hidden, inter, row_bytes,
+        BLOCK_N=16, BLOCK_K=min(256, max(32, triton.next_power_of_2(hidden))))
+    nvfp4_moe_down_kernel[(triton.cdiv(hidden, 32), k)](
+        act, ids_flat, wts, rows, partial, hidden, inter, row_bytes,
+        BLOCK_M=32, BLOCK_K=min(256, max(32, triton.next_power_of_2(inter))))
+    return partial.sum(0, keepdim=True).to(x.dtype)
