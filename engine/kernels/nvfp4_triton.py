@@ -33,6 +33,17 @@ def _e4m3(bits):
 
 
 @triton.jit
+def _nvfp4_block_dot(w_ptr, s_ptr, rows64, k_in, k0, half, mask, x_even, x_odd):
+    """sum over one K block of dequant(W[rows, k0:k0+BLOCK_K]) * x, for rows of a [*, k_in] NVFP4 matrix whose
+    packed bytes start at w_ptr and E4M3 scale bytes at s_ptr (global scale applied by the caller)."""
+    byte = k0 // 2 + half
+    packed = tl.load(w_ptr + rows64[:, None] * (k_in // 2) + byte[None, :], mask=mask, other=0).to(tl.int32)
+    sc = _e4m3(tl.load(s_ptr + rows64[:, None] * (k_in // 16) + ((k0 + 2 * half) // 16)[None, :],
+                       mask=mask, other=0).to(tl.int32))
+    return tl.sum(_e2m1(packed & 15) * sc * x_even[None, :] + _e2m1(packed >> 4) * sc * x_odd[None, :], axis=1)
+
+
+@triton.jit
 def nvfp4_gemv_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, N, K,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
@@ -42,19 +53,10 @@ def nvfp4_gemv_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, N, K,
     half = tl.arange(0, BLOCK_K // 2)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        byte = k0 // 2 + half
-        mask_b = byte < K // 2
-        packed = tl.load(w_ptr + rows64[:, None] * (K // 2) + byte[None, :],
-                         mask=mask_n[:, None] & mask_b[None, :], other=0).to(tl.int32)
-        scale_idx = (k0 + 2 * half) // 16
-        sbits = tl.load(s_ptr + rows64[:, None] * (K // 16) + scale_idx[None, :],
-                        mask=mask_n[:, None] & mask_b[None, :], other=0).to(tl.int32)
-        scale = _e4m3(sbits)
+        mask_b = k0 // 2 + half < K // 2
         x_even = tl.load(x_ptr + k0 + 2 * half, mask=mask_b, other=0.0).to(tl.float32)
         x_odd = tl.load(x_ptr + k0 + 2 * half + 1, mask=mask_b, other=0.0).to(tl.float32)
-        w_even = _e2m1(packed & 15) * scale
-        w_odd = _e2m1(packed >> 4) * scale
-        acc += tl.sum(w_even * x_even[None, :] + w_odd * x_odd[None, :], axis=1)
+        acc += _nvfp4_block_dot(w_ptr, s_ptr, rows64, K, k0, half, mask_n[:, None] & mask_b[None, :], x_even, x_odd)
     g = tl.load(g_ptr).to(tl.float32)
     tl.store(out_ptr + rows, acc * g, mask=mask_n)
 
@@ -99,21 +101,14 @@ def nvfp4_moe_gate_up_kernel(x_ptr, ids_ptr, rows_ptr, act_ptr, H, I, row_bytes,
     half = tl.arange(0, BLOCK_K // 2)
     acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
+    gate_rows, up_rows = n.to(tl.int64), (n + I).to(tl.int64)
     for k0 in range(0, H, BLOCK_K):
-        byte = k0 // 2 + half
-        mask = mask_n[:, None] & (byte < H // 2)[None, :]
-        sidx = (k0 + 2 * half) // 16
-        x_even = tl.load(x_ptr + k0 + 2 * half, mask=byte < H // 2, other=0.0).to(tl.float32)
-        x_odd = tl.load(x_ptr + k0 + 2 * half + 1, mask=byte < H // 2, other=0.0).to(tl.float32)
-        for which in tl.static_range(2):  # 0: gate rows n, 1: up rows I + n
-            r = (n + which * I).to(tl.int64)
-            packed = tl.load(base + r[:, None] * (H // 2) + byte[None, :], mask=mask, other=0).to(tl.int32)
-            sc = _e4m3(tl.load(scales + r[:, None] * (H // 16) + sidx[None, :], mask=mask, other=0).to(tl.int32))
-            part = tl.sum(_e2m1(packed & 15) * sc * x_even[None, :] + _e2m1(packed >> 4) * sc * x_odd[None, :], axis=1)
-            if which == 0:
-                acc_g += part
-            else:
-                acc_u += part
+        mask_b = k0 // 2 + half < H // 2
+        mask = mask_n[:, None] & mask_b[None, :]
+        x_even = tl.load(x_ptr + k0 + 2 * half, mask=mask_b, other=0.0).to(tl.float32)
+        x_odd = tl.load(x_ptr + k0 + 2 * half + 1, mask=mask_b, other=0.0).to(tl.float32)
+        acc_g += _nvfp4_block_dot(base, scales, gate_rows, H, k0, half, mask, x_even, x_odd)
+        acc_u += _nvfp4_block_dot(base, scales, up_rows, H, k0, half, mask, x_even, x_odd)
     g = acc_g * tl.load(globals_)
     u = acc_u * tl.load(globals_ + 1)
     tl.store(act_ptr + j * I + n, g / (1.0 + tl.exp(-g)) * u, mask=mask_n)
@@ -134,15 +129,10 @@ def nvfp4_moe_down_kernel(act_ptr, ids_ptr, wts_ptr, rows_ptr, out_ptr, H, I, ro
     half = tl.arange(0, BLOCK_K // 2)
     acc = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
-        byte = k0 // 2 + half
-        mask_b = byte < I // 2
-        mask = mask_m[:, None] & mask_b[None, :]
-        packed = tl.load(down + m64[:, None] * (I // 2) + byte[None, :], mask=mask, other=0).to(tl.int32)
-        sc = _e4m3(tl.load(scales + m64[:, None] * (I // 16) + ((k0 + 2 * half) // 16)[None, :],
-                           mask=mask, other=0).to(tl.int32))
+        mask_b = k0 // 2 + half < I // 2
         a_even = tl.load(act_ptr + j * I + k0 + 2 * half, mask=mask_b, other=0.0)
         a_odd = tl.load(act_ptr + j * I + k0 + 2 * half + 1, mask=mask_b, other=0.0)
-        acc += tl.sum(_e2m1(packed & 15) * sc * a_even[None, :] + _e2m1(packed >> 4) * sc * a_odd[None, :], axis=1)
+        acc += _nvfp4_block_dot(down, scales, m64, I, k0, half, mask_m[:, None] & mask_b[None, :], a_even, a_odd)
     wt = tl.load(wts_ptr + j).to(tl.float32)
     tl.store(out_ptr + j * H + m, acc * tl.load(globals_ + 2) * wt, mask=mask_m)
 
