@@ -11,10 +11,11 @@ from rich.table import Table
 from qwenlocal.engine.bench.stats import METRICS
 
 # Columns in this order when present; the roofline column is always shown (empty with a note if unknown).
-SHOWN = ("decode_tok_s", "ttft_s", "hit_rate", "misses_per_token", "h2d_bytes_per_token", "roofline_tok_s")
+SHOWN = ("decode_tok_s", "ttft_s", "hit_rate", "misses_per_token", "h2d_bytes_per_token", "prompt_h2d_bytes",
+         "roofline_tok_s")
 RATIO_OF = ("decode_tok_s", "ttft_s")
 DIGITS = {"decode_tok_s": 1, "ttft_s": 3, "prefill_tok_s": 0, "roofline_tok_s": 1, "hit_rate": 3,
-          "misses_per_token": 1, "h2d_bytes_per_token": 0}
+          "misses_per_token": 1, "h2d_bytes_per_token": 0, "prompt_h2d_bytes": 0}
 
 
 def _fmt(s: dict | None, digits: int) -> str:
@@ -64,8 +65,8 @@ def render_run(record: dict, console: Console) -> None:
             table.add_row(case, arm, *cells)
     console.print(table)
     if "roofline_tok_s" not in present:
-        console.print("[dim]roofline: empty, the engine's stats() report no H2D bytes / device time per step yet "
-                      "(keys h2d_bytes, gpu_s).[/]")
+        console.print("[dim]roofline: empty, it needs the H2D bytes per step (engine stats h2d_bytes, offloaded "
+                      "experts only) and the link speed from the probe (GPU), or the device time per step (gpu_s).[/]")
     for skip in record.get("skipped_cases", []):
         console.print(f"[yellow]skipped {skip['case']}:[/] {skip['why']}")
     for note in record.get("notes", []):

@@ -183,8 +183,11 @@ def vram_minimum(facts: ModelFacts, opts: EngineOptions, context: int | None = N
     """resolve_plan's minimum: the parts that must be on the GPU for `context` tokens (default: the smallest
     context the plan picks) with one layer of expert slots."""
     ctx = context or opts.max_context or MIN_AUTO_CONTEXT
+    layer = facts.num_experts * facts.expert_bytes
+    # With experts offloaded, prefill streams whole layers through two device buffers (as the plan reserves).
+    stream = 2 * layer if facts.total_experts > facts.num_experts else 0
     return {"dense": facts.dense_bytes, "state": facts.state_bytes, "workspace": workspace_bytes(opts),
-            "kv": ctx * facts.kv_bytes_per_token, "one layer of slots": facts.num_experts * facts.expert_bytes}
+            "kv": ctx * facts.kv_bytes_per_token, "prefill stream buffers": stream, "one layer of slots": layer}
 
 
 def _vram(facts: ModelFacts, profile, opts: EngineOptions, alts) -> tuple[FitItem, bool]:
@@ -213,8 +216,9 @@ def _vram(facts: ModelFacts, profile, opts: EngineOptions, alts) -> tuple[FitIte
         return FitItem("VRAM", "fail", need, budget,
                        f"needs {gib(need)} at {ctx:,} tokens of context ({breakdown}); the budget is {gib(budget)} "
                        f"({source})", tuple(advice)), False
+    all_resident = (budget - fixed + parts["prefill stream buffers"] - parts["kv"]) // facts.expert_bytes \
+        >= facts.total_experts  # every expert fits: no stream buffers either
     slots = (budget - fixed - parts["kv"]) // facts.expert_bytes
-    all_resident = slots >= facts.total_experts
     share = "all experts resident" if all_resident else f"{slots:,} expert slots ({slots / facts.total_experts:.0%})"
     return FitItem("VRAM", "ok", need, budget, f"{gib(need)} at {ctx:,} tokens of context; budget {gib(budget)} "
                    f"({source}) leaves {share}"), all_resident

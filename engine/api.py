@@ -25,7 +25,7 @@ from .options import EngineOptions
 from .runtime.generate import GenerationStats, generate_tokens
 from .runtime.runner import Runner
 from .runtime.session import Session
-from .synthetic import (is_synthetic, synthetic_config, synthetic_geometry, synthetic_model,
+from .synthetic import (is_synthetic, shared_synthetic, synthetic_config, synthetic_geometry,
                         synthetic_tokenizer_dir)
 from .runtime.sampler import SamplingParams, defaults_from_generation_config, eos_from_generation_config
 from .tokenizer import ChatTokenizer, StreamDecoder, ThinkSplitter
@@ -62,15 +62,22 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
     return out
 
 
-def _offload_bank(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype,
-                  device: torch.device) -> HostExpertBank | None:
-    """The host bank when the experts are offloaded (options.expert_slots), checked before any loading."""
+def _check_slots(config: ModelConfig, opts: EngineOptions) -> bool:
+    """Whether the experts are offloaded (options.expert_slots); a bad slot count fails before any loading."""
     if opts.expert_slots is None:
-        return None
+        return False
     total = config.num_layers * config.moe.num_experts
     if not config.moe.top_k <= opts.expert_slots <= total:
         raise OptionError(f"expert_slots must be between top_k={config.moe.top_k} and the {total} experts of the "
                           f"model, got {opts.expert_slots}; leave it unset to keep every expert resident")
+    return True
+
+
+def _offload_bank(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype,
+                  device: torch.device) -> HostExpertBank | None:
+    """The host bank when the experts are offloaded, checked before any loading."""
+    if not _check_slots(config, opts):
+        return None
     return HostExpertBank(config, dtype, pin=device.type == "cuda")
 
 
@@ -105,7 +112,7 @@ def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype):
 
     facts = ModelFacts.from_config(config, expert_dtype_bytes=torch.finfo(dtype).bits / 8,
                                    dense_dtype_bytes=torch.finfo(dtype).bits / 8)
-    return resolve_plan(get_profile(), facts, opts, device="cuda")
+    return resolve_plan(get_profile().profile, facts, opts, device="cuda")
 
 
 def choose_overlap(opts: EngineOptions, device: torch.device, cache) -> tuple[DecodeOverlap, str]:
@@ -163,15 +170,14 @@ class Engine:
             model_dir = Path(synthetic_tokenizer_dir(geometry))
             tokenizer = ChatTokenizer.from_dir(model_dir)
             padded_vocab = -(-tokenizer.vocab_size // 64) * 64
+            config = synthetic_config(str(path), padded_vocab)
             if dev.type == "cuda":
-                plan = machine_plan(synthetic_config(str(path), padded_vocab), opts, dtype)
+                plan = machine_plan(config, opts, dtype)
                 opts = apply_plan(opts, plan)
-            config, weights = synthetic_model(str(path), dev, dtype, padded_vocab)
-            bank = _offload_bank(config, opts, dtype, dev)
-            if bank is not None:
-                for layer in range(config.num_layers):
-                    p = f"layers.{layer}.mlp.experts."
-                    bank.put(layer, weights.pop(p + "gate_up_proj"), weights.pop(p + "down_proj"))
+            offloaded = _check_slots(config, opts)
+            make_bank = (lambda cfg: HostExpertBank(cfg, dtype, pin=dev.type == "cuda")) if offloaded else None
+            shared = shared_synthetic(str(path), dev, dtype, padded_vocab, make_bank)
+            config, weights, bank = shared.config, dict(shared.weights), shared.bank
         else:
             model_dir = Path(path)
             # Everything cheap is validated before the weights are read.
@@ -199,6 +205,7 @@ class Engine:
                      max_context)
         engine.machine_plan = plan
         engine._placed = placed
+        engine._shared = shared if is_synthetic(path) else None  # keeps a shared synthetic model alive
         return engine
 
     @property

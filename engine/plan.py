@@ -122,10 +122,11 @@ class VramBudget:
     state: int
     workspace: int
     slots: int  # bytes of expert slots
+    stream: int = 0  # the two whole-layer prefill stream buffers (offloaded experts only)
 
     @property
     def fixed(self) -> int:
-        return self.dense + self.kv + self.state + self.workspace
+        return self.dense + self.kv + self.state + self.workspace + self.stream
 
 
 @dataclass(frozen=True)
@@ -339,11 +340,16 @@ def _vram(profile, model: ModelFacts, opts: EngineOptions, chunk: int, d: _Decis
         d.auto("context_tokens", ctx_why)
     kv = ctx * model.kv_bytes_per_token
     room = budget - fixed - kv
+    stream = 0
+    if max(0, room) // model.expert_bytes < model.total_experts:
+        # Offloaded: prefill streams whole layers through two device buffers (one computes, one fills).
+        stream = 2 * layer
+        room -= stream
     fit = max(0, room) // model.expert_bytes
     if fit < model.num_experts:
-        need = fixed + kv + layer
+        need = fixed + kv + stream + layer
         tips = []
-        ctx_fit = (budget - fixed - layer) // model.kv_bytes_per_token
+        ctx_fit = (budget - fixed - stream - layer) // model.kv_bytes_per_token
         if ctx_fit >= MIN_AUTO_CONTEXT:
             tips.append(f"set max_context to {_pow2_floor(ctx_fit):,} tokens or less")
         if opts.vram_budget is not None and (not free or opts.vram_budget < free):
@@ -354,13 +360,15 @@ def _vram(profile, model: ModelFacts, opts: EngineOptions, chunk: int, d: _Decis
         raise ResourceError(
             f"{gpu} is too small for {model.name} with {ctx:,} tokens of context: it needs {_gib(need)} of VRAM "
             f"(dense weights {_gib(model.dense_bytes)} + KV cache {_gib(kv)} + recurrent state {_gib(model.state_bytes)}"
-            f" + workspace {_gib(workspace)} + one layer of expert slots, {model.num_experts} x "
+            f" + workspace {_gib(workspace)} + two prefill stream buffers {_gib(stream)} + one layer of expert "
+            f"slots, {model.num_experts} x "
             f"{model.expert_bytes / MIB:.2f} MiB = {_gib(layer)}), but the budget is {_gib(budget)}. "
             f"To run: {'; or '.join(tips)}.")
     all_resident = fit >= model.total_experts
     slots = model.total_experts if all_resident else int(fit)
     breakdown = (f"budget {_gib(budget)} - dense {_gib(model.dense_bytes)} - KV {_gib(kv)} - state "
-                 f"{_gib(model.state_bytes)} - workspace {_gib(workspace)}")
+                 f"{_gib(model.state_bytes)} - workspace {_gib(workspace)}"
+                 + (f" - prefill stream buffers {_gib(stream)}" if stream else ""))
     if all_resident:
         d.auto("slots", f"all {model.total_experts:,} experts fit ({_gib(model.experts_total_bytes)}; {breakdown}): "
                         "no misses, no transfers")
@@ -368,7 +376,7 @@ def _vram(profile, model: ModelFacts, opts: EngineOptions, chunk: int, d: _Decis
         d.auto("slots", f"{slots:,} slots of {model.expert_bytes / MIB:.2f} MiB = "
                         f"{slots / model.total_experts:.0%} of the experts resident ({breakdown})")
     vram = VramBudget(budget=budget, dense=model.dense_bytes, kv=kv, state=model.state_bytes, workspace=workspace,
-                      slots=slots * model.expert_bytes)
+                      slots=slots * model.expert_bytes, stream=stream)
     return budget, ctx, slots, all_resident, vram
 
 

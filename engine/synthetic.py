@@ -5,6 +5,9 @@ limited to the tokenizer's ids)."""
 from __future__ import annotations
 
 import tempfile
+import weakref
+from typing import Callable
+
 import torch
 
 from .config import ModelConfig, parse_model_config
@@ -49,12 +52,41 @@ def synthetic_config(ref: str, vocab_size: int) -> ModelConfig:
 
 
 def synthetic_model(ref: str, device: torch.device, dtype: torch.dtype, vocab_size: int,
-                    seed: int = 0) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """ModelConfig + weights (canonical names, experts stacked) for `synthetic:NAME`, on `device`."""
+                    seed: int = 0, expert_sink: Callable | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """ModelConfig + weights (canonical names, experts stacked) for `synthetic:NAME`, on `device`. With
+    expert_sink(layer, gate_up, down), each layer's experts go there as they are made instead."""
     config = synthetic_config(ref, vocab_size)
     _, geometry, _ = synthetic_geometry(ref)
-    weights = random_weights(geometry, config.vocab_size, seed, device=device, dtype=dtype)
+    weights = random_weights(geometry, config.vocab_size, seed, device=device, dtype=dtype, expert_sink=expert_sink)
     for name in list(weights):
         if name.endswith(FP32_SUFFIXES):
             weights[name] = weights[name].float()
     return config, weights
+
+
+class SharedSynthetic:
+    """One synthetic model's weights and host bank, shared by the engines of this process that load the same
+    synthetic model (read-only after loading). Bench arms of the full-size model then cost their own slots,
+    KV and graphs only, not another 65 GB of weights or another pinned bank each."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], bank):
+        self.config, self.weights, self.bank = config, weights, bank
+
+
+_SHARED: dict[tuple, "weakref.ref[SharedSynthetic]"] = {}
+
+
+def shared_synthetic(ref: str, device: torch.device, dtype: torch.dtype, vocab_size: int,
+                     make_bank: Callable[[ModelConfig], object] | None) -> SharedSynthetic:
+    """The live SharedSynthetic for this model, device, dtype and expert placement, or a new one. make_bank:
+    None keeps the experts with the weights (resident); else it makes the host bank the experts stream into."""
+    key = (ref, str(device), dtype, vocab_size, make_bank is not None)
+    found = _SHARED.get(key)
+    shared = found() if found is not None else None
+    if shared is None:
+        config = synthetic_config(ref, vocab_size)
+        bank = make_bank(config) if make_bank is not None else None
+        _, weights = synthetic_model(ref, device, dtype, vocab_size, expert_sink=bank.put if bank else None)
+        shared = SharedSynthetic(config, weights, bank)
+        _SHARED[key] = weakref.ref(shared)
+    return shared

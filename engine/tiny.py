@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Callable
+
 import torch
 from safetensors.torch import save_file
 
@@ -92,13 +94,17 @@ def config_dict(g: TinyGeometry, vocab_size: int, bos_id: int) -> dict:
 
 
 def random_weights(g: TinyGeometry, vocab_size: int, seed: int, device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+                   dtype: torch.dtype = torch.float32,
+                   expert_sink: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None
+                   ) -> dict[str, torch.Tensor]:
     """Seeded weights at scales that keep activations O(1), so logits differ visibly between tokens.
 
     The decay (A, in_proj_a), beta (in_proj_b) and router scales are moderate on purpose: with A up to 16 and
     sharp betas the model amplified float32 noise ~10x per layer, and transformers' own chunked-with-cache run
     differed from its one-shot run by 1.0e-4 (measured), which would make a 1e-4 gate test the test model's
     conditioning rather than the engine.
+    expert_sink(layer, gate_up, down) takes each layer's experts as they are made (same random stream, so the
+    same bytes) instead of keeping them: the full-size model's 65 GB of experts never exist on the device at once.
     """
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -140,8 +146,12 @@ def random_weights(g: TinyGeometry, vocab_size: int, seed: int, device: str | to
             w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"] = vec(g.head_dim), vec(g.head_dim)
         # Router logits scaled up so that top-k choices are decisive and vary between tokens.
         w[p + "mlp.gate.weight"] = mat(g.num_experts, h).mul_(1.5)
-        w[p + "mlp.experts.gate_up_proj"] = mat(2 * i_moe, h, g.num_experts)
-        w[p + "mlp.experts.down_proj"] = mat(h, i_moe, g.num_experts)
+        gate_up, down = mat(2 * i_moe, h, g.num_experts), mat(h, i_moe, g.num_experts)
+        if expert_sink is None:
+            w[p + "mlp.experts.gate_up_proj"], w[p + "mlp.experts.down_proj"] = gate_up, down
+        else:
+            expert_sink(layer, gate_up, down)
+            del gate_up, down
         w[p + "mlp.shared_expert.gate_proj.weight"] = mat(i_sh, h)
         w[p + "mlp.shared_expert.up_proj.weight"] = mat(i_sh, h)
         w[p + "mlp.shared_expert.down_proj.weight"] = mat(h, i_sh)

@@ -2,6 +2,8 @@
 # One call on the lent GPU machine: install the carried wheels and the project, run the GPU test tier, the
 # resident benchmark and (with PROBE=1) the probe; logs/JSON under $OUT, a short table last.
 #   device run, carry [".whl"]:  bash scripts/gpu_check.sh
+# Env: TESTS (pytest paths; "none" skips), TEST_TIMEOUT, BENCH=0 (no resident bench), BENCH_ARGS (run
+# `qwenlocal bench $BENCH_ARGS` instead), BENCH_TIMEOUT, BENCH_TAIL, COPY=1 (expert-copy GB/s), PROFILE=1, PROBE=1.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -12,11 +14,18 @@ export QWENLOCAL_HOME=$(mktemp -d)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 t0=$(date +%s)
-timeout ${TEST_TIMEOUT:-900} python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-tests/test_gpu_runtime.py tests/test_gpu_overlap.py tests/test_gpu_reference.py tests/test_kernels_moe.py tests/test_offload.py} 2>&1 | tee "$OUT/gpu_tests.log"
+[ "${TESTS:-}" = none ] || timeout ${TEST_TIMEOUT:-900} python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-tests/test_gpu_runtime.py tests/test_gpu_overlap.py tests/test_gpu_reference.py tests/test_kernels_moe.py tests/test_offload.py} 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 t1=$(date +%s)
 bench_rc=skipped
-if [ "${BENCH:-1}" = 1 ]; then
+if [ "${COPY:-0}" = 1 ]; then
+  timeout 120 python3 scripts/bench_expert_copy.py --out "$OUT" 2>&1 | tee "$OUT/expert_copy.log"
+fi
+if [ -n "${BENCH_ARGS:-}" ]; then
+  # `qwenlocal bench` with these arguments (wide table: the log is not a terminal)
+  COLUMNS=240 timeout ${BENCH_TIMEOUT:-900} python3 -m qwenlocal.app.cli bench --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log"
+  bench_rc=${PIPESTATUS[0]}
+elif [ "${BENCH:-1}" = 1 ]; then
   timeout ${BENCH_TIMEOUT:-900} python3 scripts/bench_resident.py --out "$OUT" 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
   if [ "${PROFILE:-0}" = 1 ]; then python3 scripts/profile_decode.py 2>&1 | tee "$OUT/profile.log" | tail -40; fi
@@ -33,5 +42,6 @@ echo "== summary =="
 printf "%-28s %s\n" "gpu tier (pytest)" "rc=$tests_rc, $((t1 - t0)) s: $(tail -n 1 "$OUT/gpu_tests.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20
 printf '%-28s %s\n' "bench" "rc=$bench_rc, $((t2 - t1)) s"
-[ -f "$OUT/bench.log" ] && tail -n 5 "$OUT/bench.log"
+[ -f "$OUT/bench.log" ] && tail -n ${BENCH_TAIL:-5} "$OUT/bench.log"
+[ -f "$OUT/expert_copy.log" ] && cat "$OUT/expert_copy.log"
 printf '%-28s %s\n' "probe" "rc=$probe_rc"

@@ -43,3 +43,27 @@ def test_tiny_test_models_stay_resident_under_the_plan(tiny_ckpt, odd_ckpt, smal
         applied = apply_plan(EngineOptions(), plan)
         assert plan.all_resident and applied.expert_slots is None
         assert applied.max_context == plan.context_tokens <= cfg.max_position_embeddings
+
+
+def test_machine_plan_reads_the_cached_probe(monkeypatch, tmp_path):
+    """The engine's own path: get_profile() gives a ProbeResult; the plan needs its profile (a GPU engine
+    failed at load with AttributeError when the result itself was passed)."""
+    from qwenlocal.engine import api
+    from qwenlocal.engine.probe import cache
+    from qwenlocal.engine.probe.measure import GpuIdentity
+
+    calls, real_get_profile = [], cache.get_profile
+
+    def measure(depth, index):
+        calls.append(depth)
+        return fake.h200()
+
+    def fake_get_profile(**kw):
+        return real_get_profile(measure=measure, identify=lambda index: GpuIdentity("GPU-fake-h200", "580"), version="test",
+                                 refresh_volatile=lambda p, index: p, directory=tmp_path)
+
+    monkeypatch.setattr(cache, "get_profile", fake_get_profile)
+    plan = api.machine_plan(CFG, EngineOptions(vram_budget="16GiB"), torch.bfloat16)
+    assert calls == ["quick"] and not plan.all_resident and plan.slots > 0
+    assert plan.vram.fixed + plan.vram.slots <= plan.vram.budget  # stream buffers included
+    assert plan.vram.stream == 2 * 256 * FACTS.expert_bytes

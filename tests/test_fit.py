@@ -36,9 +36,9 @@ def test_vram_minimum_by_hand():
     assert state == 64_389_120
     nvfp4 = vram_minimum(QWEN36_35B_A3B_NVFP4, opts)
     assert nvfp4 == {"dense": 2_705_517_300, "state": state, "workspace": workspace, "kv": kv,
-                     "one layer of slots": 256 * 1_781_760}
-    assert sum(nvfp4.values()) == 4_383_664_884
-    assert sum(vram_minimum(QWEN36_35B_A3B_BF16, opts).values()) == 7_729_341_696  # one layer = 256 x 6 MiB
+                     "prefill stream buffers": 2 * 256 * 1_781_760, "one layer of slots": 256 * 1_781_760}
+    assert sum(nvfp4.values()) == 4_383_664_884 + 912_261_120
+    assert sum(vram_minimum(QWEN36_35B_A3B_BF16, opts).values()) == 7_729_341_696 + 3_221_225_472  # one layer = 256 x 6 MiB; two stream buffers
 
 
 def test_bf16_bank_does_not_fit_32_gib_of_ram():
@@ -60,7 +60,7 @@ def test_nvfp4_on_the_seeds_machine_fits_with_a_pinning_caveat():
     assert [i.what for i in report.warnings] == ["pinned RAM"]
     vram = next(i for i in report.items if i.what == "VRAM")
     # The plan's context: KV may take a third of the 14.6 GiB budget left after the dense part -> 131,072.
-    assert vram.need == 4_383_664_884 + (131_072 - 4096) * 20_480 and "131,072 tokens" in vram.detail
+    assert vram.need == 4_383_664_884 + (131_072 - 4096) * 20_480 + 2 * 256 * 1_781_760 and "131,072 tokens" in vram.detail
     assert "expert slots" in vram.detail
     assert check_fit(QWEN36_35B_A3B_NVFP4, wsl2_rtx5070ti(ram_total=64.0, ram_available=60.0)).warnings == []
 
@@ -75,7 +75,7 @@ def test_small_gpu_lists_every_problem_and_the_ways_out():
     assert not any("NVFP4" in a for a in ram.advice)  # its 17 GiB bank does not fit 16 GiB either: not offered
     # A long context that does not fit: the advice names a shorter one.
     tight = check_fit(QWEN36_35B_A3B_NVFP4, h200(), options={"vram_budget": "6GiB", "max_context": 262_144})
-    assert not tight.ok and "--max-context 65,536" in tight.message()
+    assert not tight.ok and "--max-context 32,768" in tight.message()
 
 
 def test_busy_gpu_says_close_programs():

@@ -1,13 +1,17 @@
 """Layer-major prefill on the CPU: bitwise equal to chunked prefill (logits, KV, GDN states, the slot cache
 after prefill), with and without windows, for lengths that are and are not multiples of the chunk; one bank
-copy per layer per window instead of one per chunk; conversation reuse; cancellation."""
+copy per layer per window instead of one per chunk; conversation reuse; cancellation. The activations are
+parked in borrowed expert slots: a warm slot cache comes back byte-identical (refilled from the bank), too
+few slots split the prompt into windows by themselves, and a cancel still gives the slots back."""
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from qwenlocal.engine import Engine
 from qwenlocal.engine.errors import GenerationCancelled
+from qwenlocal.engine.offload.parking import SlotParking
 
 CHUNK = 64
 
@@ -17,6 +21,19 @@ def engines(ckpt, **extra):
     chunked = Engine.from_pretrained(ckpt, device="cpu", options={**base, "prefill_mode": "chunked"})
     layer_major = Engine.from_pretrained(ckpt, device="cpu", options={**base, "prefill_mode": "layer-major"})
     return chunked, layer_major
+
+
+def warm_slots(engine):
+    """A short chunked prefill and a few decode steps, so every slot holds an expert the parking must refill."""
+    state = engine.runner.new_state()
+    engine.runner.prefill(state, torch.arange(40))
+    for tok in (3, 7, 11):
+        engine.runner.decode(state, torch.tensor([tok]))
+
+
+def assert_same_slots(ca, cb):
+    assert torch.equal(ca.slot_map, cb.slot_map) and torch.equal(ca.slot_key, cb.slot_key)
+    assert torch.equal(ca.rows, cb.rows)
 
 
 def state_bytes(state):
@@ -37,25 +54,30 @@ def assert_same_state(a, b):
 @pytest.mark.parametrize("window", [None, 2 * CHUNK])
 def test_layer_major_is_bitwise_chunked(tiny_ckpt, length, window):
     chunked, layer_major = engines(tiny_ckpt, prefill_window=window)
+    ca, cb = chunked.model.cache, layer_major.model.cache
+    for engine in (chunked, layer_major):
+        warm_slots(engine)
+    assert (cb.slot_key[:-1] >= 0).all()  # the borrowed slots hold experts: give_back must refill them
+    copies0 = (ca.stream_copies, cb.stream_copies, ca.stream_bytes, cb.stream_bytes)
     ids = torch.randint(0, 600, (length,), generator=torch.Generator().manual_seed(length))
     sa, sb = chunked.runner.new_state(), layer_major.runner.new_state()
     la = chunked.runner.prefill(sa, ids, all_logits=True)
     lb = layer_major.runner.prefill(sb, ids, all_logits=True)
     assert torch.equal(la, lb)
     assert_same_state(state_bytes(sa), state_bytes(sb))
-    ca, cb = chunked.model.cache, layer_major.model.cache
-    assert torch.equal(ca.slot_map, cb.slot_map) and torch.equal(ca.rows, cb.rows)  # slot cache untouched alike
+    assert cb.parking_refill_bytes > 0
+    assert_same_slots(ca, cb)  # parked activations gone, experts back: byte-identical slot cache
     # Decode right after resumes identically.
     for tok in (5, 9, 200):
         assert torch.equal(chunked.runner.decode(sa, torch.tensor([tok])), layer_major.runner.decode(sb, torch.tensor([tok])))
     chunks = -(-length // CHUNK)
     windows = 1 if window is None else -(-length // window)
     layers = chunked.config.num_layers
-    assert ca.stream_copies == layers * chunks
-    assert cb.stream_copies == layers * windows
+    assert ca.stream_copies - copies0[0] == layers * chunks
+    assert cb.stream_copies - copies0[1] == layers * windows
     assert layer_major.runner.counters["layer_major_windows"] == windows
-    per_layer = ca.stream_bytes // ca.stream_copies
-    assert cb.stream_bytes == per_layer * layers * windows
+    per_layer = (ca.stream_bytes - copies0[2]) // (ca.stream_copies - copies0[0])
+    assert cb.stream_bytes - copies0[3] == per_layer * layers * windows
 
 
 def test_score_with_decode_tail_is_bitwise_equal(tiny_ckpt):
@@ -112,3 +134,90 @@ def test_cancel_restores_the_state_within_one_step(tiny_ckpt):
     assert after[0] == before[0]
     assert all(torch.equal(after[3][i], before[3][i]) for i in before[3])
     assert all(torch.equal(after[2][i], before[2][i]) for i in before[2])
+
+
+def test_activations_are_parked_in_the_slot_bytes(tiny_ckpt):
+    _, layer_major = engines(tiny_ckpt)
+    cache, model = layer_major.model.cache, layer_major.model
+    warm_slots(layer_major)
+    rows = cache.rows
+    lo, hi = rows.data_ptr(), rows.data_ptr() + rows[:-1].numel() * rows.element_size()
+    inputs = []
+    real = model.layers[2].forward
+
+    def recording(x, *args, **kwargs):
+        inputs.append(x.data_ptr())
+        return real(x, *args, **kwargs)
+
+    model.layers[2].forward = recording
+    length = 3 * CHUNK + 9
+    layer_major.runner.prefill(layer_major.runner.new_state(), torch.arange(length))
+    assert len(inputs) == 4 and all(lo <= p < hi for p in inputs)  # every chunk's input lives in the slots
+    slot_bytes = rows.shape[1] * rows.element_size()
+    slots = -(-length * model.cfg.hidden_size * model.dtype.itemsize // slot_bytes)
+    assert cache.parking_borrowed_bytes == cache.parking_refill_bytes == slots * slot_bytes
+    assert all(torch.equal(rows[s], cache.bank.rows[int(k)]) for s, k in enumerate(cache.slot_key[:-1]))
+
+
+def test_parking_views_any_dtype_over_the_rows(tiny_ckpt):
+    _, layer_major = engines(tiny_ckpt)
+    cache = layer_major.model.cache
+    parking = SlotParking(cache)
+    assert parking.capacity_tokens(64, torch.bfloat16) == 2 * parking.capacity_tokens(64, torch.float32)
+    park = parking.borrow(100, 64, torch.bfloat16)
+    assert park.shape == (100, 64) and park.dtype == torch.bfloat16 and park.data_ptr() == cache.rows.data_ptr()
+    park.fill_(1.5)
+    parking.give_back()
+    assert parking.slots == 0 and not cache.rows[:-1].any()  # never-used slots read as zeros again
+    with pytest.raises(ValueError):
+        parking.borrow(parking.capacity_tokens(64, torch.float32) + 1, 64, torch.float32)
+    # Quantized (uint8) rows lend their bytes the same way, and refill from a uint8 bank.
+    bank = torch.randint(0, 255, (8, 96), dtype=torch.uint8)
+    fake = SimpleNamespace(rows=torch.zeros(3, 96, dtype=torch.uint8), num_slots=2,
+                           slot_key=torch.tensor([5, -1, -1]), bank=SimpleNamespace(rows=bank))
+    parking = SlotParking(fake)
+    assert parking.capacity_tokens(8, torch.bfloat16) == 12
+    parking.borrow(12, 8, torch.bfloat16).fill_(3.0)
+    parking.give_back()
+    assert torch.equal(fake.rows[0], bank[5]) and not fake.rows[1:].any()
+    assert parking.refill_bytes == 96 and fake.parking_borrowed_bytes == 192
+
+
+def test_few_slots_split_the_prompt_into_windows_by_themselves(tiny_ckpt):
+    top_k = 4  # the fewest slots the cache accepts: room for 384 tokens of activations (6 chunks)
+    chunked, layer_major = engines(tiny_ckpt, expert_slots=top_k)
+    parking = SlotParking(layer_major.model.cache)
+    fit = parking.capacity_tokens(layer_major.config.hidden_size, layer_major.model.dtype) // CHUNK * CHUNK
+    length = 10 * CHUNK + 13
+    windows = -(-length // fit)
+    assert windows == 2
+    ids = torch.randint(0, 600, (length,), generator=torch.Generator().manual_seed(4))
+    sa, sb = chunked.runner.new_state(), layer_major.runner.new_state()
+    assert torch.equal(chunked.runner.prefill(sa, ids, all_logits=True), layer_major.runner.prefill(sb, ids, all_logits=True))
+    assert_same_state(state_bytes(sa), state_bytes(sb))
+    assert_same_slots(chunked.model.cache, layer_major.model.cache)  # a cold cache: its slots are zeros again
+    assert layer_major.runner.counters["layer_major_windows"] == windows
+    assert layer_major.model.cache.stream_copies == layer_major.config.num_layers * windows
+    for tok in (5, 9):
+        assert torch.equal(chunked.runner.decode(sa, torch.tensor([tok])), layer_major.runner.decode(sb, torch.tensor([tok])))
+
+
+def test_cancel_mid_prefill_gives_the_slots_back(tiny_ckpt):
+    _, layer_major = engines(tiny_ckpt)
+    cache, model = layer_major.model.cache, layer_major.model
+    warm_slots(layer_major)
+    before = (cache.rows.clone(), cache.slot_map.clone(), cache.slot_key.clone())
+    cancel = threading.Event()
+    real = model.layers[1].forward
+
+    def cancelling(*args, **kwargs):
+        cancel.set()  # layer 0 has overwritten the parked chunks' bytes by now
+        return real(*args, **kwargs)
+
+    model.layers[1].forward = cancelling
+    with pytest.raises(GenerationCancelled):
+        layer_major.runner.prefill(layer_major.runner.new_state(), torch.arange(4 * CHUNK), cancel=cancel)
+    assert cache.parking_refill_bytes > 0
+    keys = cache.slot_key[:-1]
+    assert (keys >= 0).all() and torch.equal(cache.rows[:-1], cache.bank.rows[keys])
+    assert all(torch.equal(a, b) for a, b in zip(before, (cache.rows, cache.slot_map, cache.slot_key)))

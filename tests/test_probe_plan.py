@@ -124,7 +124,7 @@ def test_gpu_too_small_says_how_much_and_what_to_do() -> None:
 
 
 def test_context_too_long_for_the_card_suggests_a_max_context() -> None:
-    with pytest.raises(ResourceError, match=r"set max_context to 65,536 tokens or less"):
+    with pytest.raises(ResourceError, match=r"set max_context to 32,768 tokens or less"):
         resolve_plan(fake.fake_gpu_profile(vram_total=6.0, vram_free=5.8), MODEL, {"max_context": 262144})
 
 

@@ -28,6 +28,10 @@ def timed_trial(engine, prompt: Sequence[int], output_tokens: int) -> dict:
     state = runner.new_state()
     s0 = engine.stats()
     sync()
+    on_gpu = dev.type == "cuda"
+    if on_gpu:  # what the trial allocates beyond what is already placed (activations, workspaces)
+        torch.cuda.reset_peak_memory_stats(dev)
+        held = torch.cuda.memory_allocated(dev)
     t0 = time.perf_counter()
     logits = runner.prefill(state, ids)
     token = logits[-1:].argmax(-1)
@@ -40,8 +44,11 @@ def timed_trial(engine, prompt: Sequence[int], output_tokens: int) -> dict:
     sync()
     t2 = time.perf_counter()
     s2 = engine.stats()
-    return {"ttft_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": steps, "prompt_tokens": len(prompt),
-            "stats_prefill": delta(s0, s1), "stats_decode": delta(s1, s2), "stats": s2}
+    out = {"ttft_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": steps, "prompt_tokens": len(prompt),
+           "stats_prefill": delta(s0, s1), "stats_decode": delta(s1, s2), "stats": s2}
+    if on_gpu:
+        out["transient_peak_bytes"] = torch.cuda.max_memory_allocated(dev) - held
+    return out
 
 
 class EngineSession:

@@ -99,6 +99,7 @@ def derive(trial: Mapping[str, Any], bandwidth_gbps: float | None = None) -> dic
         "decode_tok_s": steps / dec if steps and dec > 0 else None,
         "prefill_tok_s": trial.get("prompt_tokens", 0) / ttft if ttft > 0 else None,
         "hit_rate": None, "misses_per_token": None, "h2d_bytes_per_token": None, "roofline_tok_s": None,
+        "prompt_h2d_bytes": _first(trial.get("stats_prefill") or {}, H2D_KEYS),  # what the prefill streamed
     }
     sd = trial.get("stats_decode") or {}
     hits, misses, h2d = _first(sd, HIT_KEYS), _first(sd, MISS_KEYS), _first(sd, H2D_KEYS)

@@ -20,6 +20,7 @@ METRICS: dict[str, tuple[str, str, bool]] = {
     "hit_rate": ("hit rate", "", True),
     "misses_per_token": ("misses/token", "", False),
     "h2d_bytes_per_token": ("H2D/token", "B", False),
+    "prompt_h2d_bytes": ("H2D/prompt", "B", False),
 }
 
 

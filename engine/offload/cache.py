@@ -15,6 +15,7 @@ import torch
 
 from ..config import ModelConfig
 from .bank import HostExpertBank, split_rows
+from .overlap import dedicated_stream
 
 
 @dataclass
@@ -32,6 +33,7 @@ class ExpertSlotCache:
         self.cfg, self.bank, self.device = cfg, bank, device
         self.num_experts, self.num_slots, self.top_k = e, num_slots, k
         self.rows = torch.zeros(num_slots + 1, bank.row_elems, dtype=bank.dtype, device=device)
+        self.row_bytes = bank.row_elems * self.rows.element_size()
         self.gate_up, self.down = split_rows(self.rows, cfg)
         self.slot_map = torch.full((layers * e + 1,), -1, dtype=torch.long, device=device)
         self.slot_key = torch.full((num_slots + 1,), -1, dtype=torch.long, device=device)
@@ -45,11 +47,15 @@ class ExpertSlotCache:
         self.stream_rows = torch.empty(2, e, bank.row_elems, dtype=bank.dtype, device=device)
         self._stream_layer = [-1, -1]  # which layer each buffer holds: a repeat visit skips the copy
         on_gpu = device.type == "cuda"
-        self._copy = torch.cuda.Stream(device=device) if on_gpu else None
+        # Named stream: prefill bank copies run here so they overlap the compute stream's GEMMs.
+        self._copy = dedicated_stream(device) if on_gpu else None
         self._copy_done = [torch.cuda.Event() for _ in range(2)] if on_gpu else []
         self._buffer_free = [torch.cuda.Event() for _ in range(2)] if on_gpu else []
         self.stream_bytes = 0  # bytes the prefill streaming moved (host -> GPU on a GPU)
         self.stream_copies = 0
+        # Layer-major prefill parks activations in the slots' bytes and refills them after (offload/parking.py).
+        self.parking_borrowed_bytes = 0
+        self.parking_refill_bytes = 0
 
     def ensure(self, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, MissPlan]:
         """ids [1, k] expert ids of one token -> (slot ids [1, k], the miss plan). Updates the LRU state."""
@@ -120,7 +126,6 @@ class ExpertSlotCache:
         if self._copy is None:
             buf.copy_(src)
         else:
-            # Named stream: prefill bank copies run here so they overlap the compute stream's GEMMs.
             self._copy.wait_event(self._buffer_free[which])
             with torch.cuda.stream(self._copy):
                 buf.copy_(src, non_blocking=True)
@@ -131,6 +136,9 @@ class ExpertSlotCache:
 
     def counters(self) -> dict:
         hits, misses = int(self.hits), int(self.misses)
+        miss_bytes = misses * self.row_bytes  # every miss copies one whole expert row from the bank
         return {"expert_hits": hits, "expert_misses": misses, "expert_slots": self.num_slots,
                 "hit_rate": hits / (hits + misses) if hits + misses else None,
-                "prefill_stream_bytes": self.stream_bytes, "prefill_stream_copies": self.stream_copies}
+                "miss_bytes": miss_bytes, "h2d_bytes": miss_bytes + self.stream_bytes + self.parking_refill_bytes,
+                "prefill_stream_bytes": self.stream_bytes, "prefill_stream_copies": self.stream_copies,
+                "parking_borrowed_bytes": self.parking_borrowed_bytes, "parking_refill_bytes": self.parking_refill_bytes}

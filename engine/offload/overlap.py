@@ -25,7 +25,7 @@ class CudaStreams:
         import torch
 
         self.torch = torch
-        self.side = torch.cuda.ExternalStream(_new_stream_handle(), device=device)
+        self.side = dedicated_stream(device)
         # Created here, outside any capture: a graph records waits on them.
         self.ready = torch.cuda.Event()
         self.done = torch.cuda.Event()
@@ -39,6 +39,14 @@ class CudaStreams:
     def keep_alive(self, tensor, stream) -> None:
         # A tensor made on one stream and read on the other must not be reused before both are done with it.
         tensor.record_stream(stream)
+
+
+def dedicated_stream(device):
+    """A stream of our own for work that must run beside the compute stream (never a pooled torch stream,
+    which can alias the current or capture stream and silently serialize)."""
+    import torch
+
+    return torch.cuda.ExternalStream(_new_stream_handle(), device=device)
 
 
 def _new_stream_handle() -> int:

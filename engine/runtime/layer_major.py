@@ -6,8 +6,11 @@ GatedDeltaNet conv/recurrent states of this layer are carried from chunk to chun
 bitwise equal to chunked prefill, while an offloaded layer's expert bank crosses PCIe once per prompt (the
 slot cache's stream buffer still holds layer L for the next chunk) instead of once per chunk.
 
-The hidden state of every chunk is parked between layers. A prompt whose activations should not all be held
-at once is split into windows of `window` tokens, each run layer-major (each window streams every bank once).
+The hidden state of every chunk is parked between layers. With offloaded experts it is parked in the slot
+cache's own bytes (idle during prefill; see offload/parking.py), refilled from the bank when prefill ends,
+also on error or cancel; only the input addresses differ from chunked prefill, so the bytes do not. A prompt
+whose activations do not fit the slots (or the caller's `window`) is split into windows of whole chunks, each
+run layer-major (each window streams every bank once). With resident experts the chunks stay fresh tensors.
 Cancellation is checked before every (layer, chunk) step; a cancelled window leaves layers at different
 positions, so the recurrent state is restored to where the window began (KV past seq_len is ignored).
 """
@@ -20,31 +23,53 @@ import torch
 from ..errors import GenerationCancelled
 from ..model.cache import SequenceState
 from ..model.qwen3_5_moe import Qwen35MoeModel
+from ..offload.parking import SlotParking
 
 
 def layer_major_prefill(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chunk: int,
                         window: int | None, all_logits: bool,
                         cancel: threading.Event | None = None) -> tuple[torch.Tensor, int]:
     """-> (logits of every token or of the last one, number of windows)."""
+    total = ids.shape[0]
+    parking = SlotParking(model.cache) if model.cache is not None else None
     # Windows are whole chunks, so the chunk boundaries (and the bytes) match chunked prefill.
-    window = ids.shape[0] if window is None else max(chunk, window // chunk * chunk)
+    window = total if window is None else max(chunk, window // chunk * chunk)
+    if parking is not None:
+        fit = parking.capacity_tokens(model.cfg.hidden_size, model.dtype) // chunk * chunk
+        if fit:
+            window = min(window, fit)  # the activations must fit the slots: more windows, never more memory
+        else:
+            parking = None  # not even one chunk fits: one chunk per window is chunked prefill, park nothing
     outputs, windows = [], 0
-    for w0 in range(0, ids.shape[0], window):
-        hidden = _window(model, state, ids[w0:w0 + window], chunk, cancel)
-        windows += 1
-        if all_logits:
-            outputs.extend(model.logits(h) for h in hidden)
-        last = hidden[-1]
-    return (torch.cat(outputs) if all_logits else model.logits(last[-1:])), windows
+    try:
+        park = None
+        if parking is not None:
+            park = parking.borrow(min(window, total), model.cfg.hidden_size, model.dtype)
+        for w0 in range(0, total, window):
+            hidden = _window(model, state, ids[w0:w0 + window], chunk, cancel, park)
+            windows += 1
+            if all_logits:
+                outputs.extend(model.logits(h) for h in hidden)
+            last = hidden[-1]
+        # Computed before the slots go back: final_norm made fresh tensors, but keep nothing on the parked bytes.
+        return (torch.cat(outputs) if all_logits else model.logits(last[-1:])), windows
+    finally:
+        if parking is not None:
+            parking.give_back()
 
 
 def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chunk: int,
-            cancel: threading.Event | None) -> list[torch.Tensor]:
+            cancel: threading.Event | None, park: torch.Tensor | None) -> list[torch.Tensor]:
     start = state.seq_len
     bounds = [(s, min(s + chunk, ids.shape[0])) for s in range(0, ids.shape[0], chunk)]
     positions = [torch.arange(start + a, start + b, device=model.device) for a, b in bounds]
     snap = state.snapshot() if cancel is not None else None
-    xs = [model.embed_ids(ids[a:b]) for a, b in bounds]
+    if park is None:
+        xs = [model.embed_ids(ids[a:b]) for a, b in bounds]
+    else:
+        xs = [park[a:b] for a, b in bounds]
+        for x, (a, b) in zip(xs, bounds):
+            x.copy_(model.embed_ids(ids[a:b]))
     attention, routing = model.kernels.attention, model.routing
     try:
         for layer in model.layers:
@@ -54,7 +79,11 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
                 attention.prepare(start + a, b - a, decode=False)
                 if routing is not None:
                     routing.advance(a)  # the trace rows chunked prefill would give this chunk
-                xs[i] = layer.forward(xs[i], positions[i], state, start + a, decode=False)
+                out = layer.forward(xs[i], positions[i], state, start + a, decode=False)
+                if park is None:
+                    xs[i] = out
+                else:
+                    xs[i].copy_(out)  # back into the parking bytes; `out` (one chunk) is freed right away
                 if routing is not None:
                     routing.advance(-a)
     except GenerationCancelled:
