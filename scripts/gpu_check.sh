@@ -23,7 +23,7 @@ if [ "${COPY:-0}" = 1 ]; then
 fi
 if [ -n "${BENCH_ARGS:-}" ]; then
   # `qwenlocal bench` with these arguments (wide table: the log is not a terminal)
-  COLUMNS=240 timeout ${BENCH_TIMEOUT:-900} python3 -m qwenlocal.app.cli bench --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log"
+  COLUMNS=240 timeout -s INT -k 30 ${BENCH_TIMEOUT:-900} python3 -m qwenlocal.app.cli bench --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
 elif [ "${BENCH:-1}" = 1 ]; then
   timeout ${BENCH_TIMEOUT:-900} python3 scripts/bench_resident.py --out "$OUT" 2>&1 | tee "$OUT/bench.log"

@@ -108,8 +108,11 @@ def _bench(args: argparse.Namespace, console) -> int:
     def opener(arm):
         from qwenlocal.engine.bench.measure import EngineRunner
 
-        return (arm.runner or EngineRunner()).open(resolved.target, device=args.device, dtype=args.dtype,
-                                                   vram_budget=args.vram_budget, options=arm.engine_options(base))
+        t0 = time.perf_counter()
+        session = (arm.runner or EngineRunner()).open(resolved.target, device=args.device, dtype=args.dtype,
+                                                      vram_budget=args.vram_budget, options=arm.engine_options(base))
+        console.print(f"arm {arm.name}: loaded in {time.perf_counter() - t0:.1f} s", highlight=False)
+        return session
 
     trials: list = []
     outcome: dict = {"arms": {}, "skipped": []}
@@ -158,6 +161,14 @@ def _progress(console):
 
     @contextmanager
     def cm():
+        if not console.is_terminal:  # a log (CI, a remote GPU): one timestamped line per step, kept
+            t0 = time.perf_counter()
+
+            def line(done: int, total: int, what: str) -> None:
+                console.print(f"[{time.perf_counter() - t0:7.1f} s] {done}/{total} {what}", highlight=False)
+
+            yield line
+            return
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
             task = progress.add_task("loading", total=None)
