@@ -124,3 +124,32 @@ def test_engine_falls_back_to_serial_where_the_overlap_does_not_apply(tiny_ckpt)
     cpu_forced = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"overlap": "copy-side", "expert_slots": 20})
     assert cpu_forced.plan["overlap"]["value"] == "off" and "CPU" in cpu_forced.plan["overlap"]["reason"]
     assert all(layer.moe.overlap.split == "off" for layer in cpu_forced.model.layers)
+
+
+def test_auto_overlap_follows_the_machine_plan(monkeypatch):
+    """auto: the plan's split on a GPU with offloaded experts; off where the plan says off, without a plan,
+    on the CPU and with every expert resident. Forced values stay."""
+    import torch
+
+    from qwenlocal.engine import api
+    from qwenlocal.engine.options import EngineOptions
+    from qwenlocal.engine.plan import ModelFacts, resolve_plan
+    from qwenlocal.engine.probe import fake
+    from qwenlocal.engine.synthetic import synthetic_config
+
+    monkeypatch.setattr(api, "CudaStreams", lambda device: ("fake streams", device))
+    facts = ModelFacts.from_config(synthetic_config("synthetic:qwen3.6-35b-a3b", 0), expert_dtype_bytes=2)
+    opts = EngineOptions(vram_budget="16GiB")
+    cuda, cache = torch.device("cuda"), object()
+    native = resolve_plan(fake.linux_pcie5_x16(), facts, opts, device="cuda")
+    wsl = resolve_plan(fake.wsl2_rtx5070ti(), facts, opts, device="cuda")
+    assert (native.overlap, wsl.overlap) == ("copy-side", "shared-side")
+    for plan in (native, wsl):
+        chosen, why = api.choose_overlap(opts, cuda, cache, plan)
+        assert chosen.split == plan.overlap and why.startswith("auto:") and chosen.streams[0] == "fake streams"
+    assert api.choose_overlap(opts, cuda, cache, None)[0].split == "off"
+    assert api.choose_overlap(opts, cuda, None, native)[0].split == "off"  # all resident: nothing to hide
+    assert api.choose_overlap(opts, torch.device("cpu"), cache, native)[0].split == "off"
+    forced = EngineOptions(vram_budget="16GiB", overlap="shared-side")
+    assert api.choose_overlap(forced, cuda, cache, native)[0].split == "shared-side"
+    assert api.choose_overlap(EngineOptions(overlap="off"), cuda, cache, native)[0].split == "off"
