@@ -15,7 +15,9 @@ from .env import read_env
 from .errors import ContextLimitError, OptionError, QwenlocalError
 from .events import EngineError, Event, ReasoningDelta, Stats, TokenDelta, TurnDone
 from .load import load_weights
-from .offload.bank import HostExpertBank
+from .offload.bank import DENSE, HostExpertBank
+from .quant.nvfp4_rows import NVFP4_ROWS, nvfp4_expert_row_bytes
+from .quant.scheme import NVFP4, parse_quant_scheme
 from .offload.cache import ExpertSlotCache
 from .offload.overlap import CudaStreams, DecodeOverlap
 from .offload.routing import RoutingSpec, RoutingTrace
@@ -25,7 +27,7 @@ from .options import EngineOptions
 from .runtime.generate import GenerationStats, generate_tokens
 from .runtime.runner import Runner
 from .runtime.session import Session
-from .synthetic import (is_synthetic, shared_synthetic, synthetic_config, synthetic_geometry,
+from .synthetic import (is_synthetic, shared_synthetic, synthetic_config, synthetic_geometry, synthetic_nvfp4,
                         synthetic_tokenizer_dir)
 from .runtime.sampler import SamplingParams, defaults_from_generation_config, eos_from_generation_config
 from .tokenizer import ChatTokenizer, StreamDecoder, ThinkSplitter
@@ -74,11 +76,26 @@ def _check_slots(config: ModelConfig, opts: EngineOptions) -> bool:
 
 
 def _offload_bank(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype,
-                  device: torch.device) -> HostExpertBank | None:
+                  device: torch.device, native_nvfp4: bool = False) -> HostExpertBank | None:
     """The host bank when the experts are offloaded, checked before any loading."""
     if not _check_slots(config, opts):
         return None
-    return HostExpertBank(config, dtype, pin=device.type == "cuda")
+    return HostExpertBank(config, dtype, pin=device.type == "cuda", fmt=NVFP4_ROWS if native_nvfp4 else DENSE)
+
+
+def native_nvfp4_experts(opts: EngineOptions, experts_format: str, device: torch.device) -> bool:
+    """Whether the routed experts stay in NVFP4 bytes (bank, slots, W4A16 kernels) or are dequantized at load."""
+    if opts.expert_format == "dense" or (opts.expert_format == "auto" and experts_format != NVFP4):
+        return False
+    if experts_format != NVFP4:
+        raise OptionError(f"expert_format='nvfp4' needs a checkpoint whose routed experts are NVFP4 (e.g. "
+                          f"nvidia/Qwen3.6-35B-A3B-NVFP4, or make one with scripts/quantize_nvfp4.py); this "
+                          f"checkpoint's experts are {experts_format}")
+    if opts.expert_format == "nvfp4":
+        return True
+    from .model.kernels import _triton_available
+
+    return device.type == "cuda" and _triton_available()
 
 
 def _placement(weights: dict[str, torch.Tensor], bank) -> dict:
@@ -104,7 +121,7 @@ def apply_plan(opts: EngineOptions, plan) -> EngineOptions:
     return replace(opts, **changes) if changes else opts
 
 
-def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype):
+def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype, native_nvfp4: bool = False):
     """The probe's profile of this GPU (cached) and the policy's plan for this model; raises ResourceError
     with the numbers when the model cannot fit, before any weight is read."""
     from .plan import ModelFacts, resolve_plan
@@ -112,6 +129,8 @@ def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype):
 
     facts = ModelFacts.from_config(config, expert_dtype_bytes=torch.finfo(dtype).bits / 8,
                                    dense_dtype_bytes=torch.finfo(dtype).bits / 8)
+    if native_nvfp4:  # a slot and a bank row hold the expert's 4-bit bytes
+        facts = replace(facts, expert_bytes=nvfp4_expert_row_bytes(config.hidden_size, config.moe.intermediate_size))
     return resolve_plan(get_profile().profile, facts, opts, device="cuda")
 
 
@@ -176,12 +195,14 @@ class Engine:
             tokenizer = ChatTokenizer.from_dir(model_dir)
             padded_vocab = -(-tokenizer.vocab_size // 64) * 64
             config = synthetic_config(str(path), padded_vocab)
+            native = native_nvfp4_experts(opts, NVFP4 if synthetic_nvfp4(str(path)) else "bf16", dev)
             if dev.type == "cuda":
-                plan = machine_plan(config, opts, dtype)
+                plan = machine_plan(config, opts, dtype, native)
                 opts = apply_plan(opts, plan)
             offloaded = _check_slots(config, opts)
-            make_bank = (lambda cfg: HostExpertBank(cfg, dtype, pin=dev.type == "cuda")) if offloaded else None
-            shared = shared_synthetic(str(path), dev, dtype, padded_vocab, make_bank)
+            fmt = NVFP4_ROWS if native else DENSE
+            make_bank = (lambda cfg: HostExpertBank(cfg, dtype, pin=dev.type == "cuda", fmt=fmt)) if offloaded else None
+            shared = shared_synthetic(str(path), dev, dtype, padded_vocab, make_bank, native)
             config, weights, bank = shared.config, dict(shared.weights), shared.bank
         else:
             model_dir = Path(path)
@@ -189,13 +210,15 @@ class Engine:
             config = load_model_config(model_dir)
             tokenizer = ChatTokenizer.from_dir(model_dir)
             ckpt = Checkpoint(model_dir)
+            experts_format = parse_quant_scheme(config.quantization).format_of("layers.0.mlp.experts")
+            native = native_nvfp4_experts(opts, experts_format, dev)
             if dev.type == "cuda":
-                plan = machine_plan(config, opts, dtype)
+                plan = machine_plan(config, opts, dtype, native)
                 opts = apply_plan(opts, plan)
-            bank = _offload_bank(config, opts, dtype, dev)
+            bank = _offload_bank(config, opts, dtype, dev, native)
             step = (lambda done, total: progress("weights", done, total)) if progress else None
-            weights = load_weights(ckpt, config, dtype, dev, progress=step,
-                                   expert_sink=bank.put if bank is not None else None)
+            sink = None if bank is None else (bank.put_rows if native else bank.put)
+            weights = load_weights(ckpt, config, dtype, dev, progress=step, expert_sink=sink, native_nvfp4=native)
         max_context = context_limit(config, opts)
         placed = _placement(weights, bank)
         cache = ExpertSlotCache(config, bank, opts.expert_slots, dev) if bank is not None else None
@@ -234,6 +257,10 @@ class Engine:
         if self.model.routing is not None:
             out["routing"] = {"value": self.model.routing.spec.describe(),
                               "reason": "synthetic expert ids for benchmarks (the router's weights are kept)"}
+        fmt = self.model.layers[0].moe.experts.fmt
+        out["experts"] = {"value": "nvfp4 rows (W4A16)" if fmt == "nvfp4" else "dense",
+                          "reason": ("the checkpoint's 4-bit bytes in bank and slots, dequantized in the kernels"
+                                     if fmt == "nvfp4" else "experts in the compute dtype")}
         out["overlap"] = {"value": self.model.overlap.split, "reason": getattr(self.model, "overlap_reason", "")}
         lm = self.runner.layer_major
         out["prefill_mode"] = {"value": f"layer-major above {self.options.prefill_chunk} tokens" if lm else "chunked",

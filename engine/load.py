@@ -19,6 +19,7 @@ from .checkpoint import Checkpoint, TensorEntry
 from .config import FULL_ATTENTION, ModelConfig
 from .errors import CheckpointError, UnsupportedModelError
 from .quant.formats import GROUP, dequant_fp8, dequant_nvfp4
+from .quant.nvfp4_rows import pack_nvfp4_expert
 from .quant.scheme import BF16, NVFP4, QuantScheme, parse_quant_scheme
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,15 @@ def _dequant(reader: "_Reader", entries: dict[str, TensorEntry], fmt: str, dtype
     return dequant_fp8(reader.get(entries["weight"]), reader.get(entries["weight_scale"]), dtype)
 
 
+def _nvfp4_rows(reader: "_Reader", plan: dict) -> torch.Tensor:
+    """One layer's NVFP4 experts, unchanged bytes, packed one row per expert."""
+    def triple(group):
+        return reader.get(group["weight"]), reader.get(group["weight_scale"]), reader.get(group["weight_scale_2"])
+
+    return torch.stack([pack_nvfp4_expert(triple(g), triple(u), triple(d))
+                        for g, u, d in zip(plan["gate_proj"], plan["up_proj"], plan["down_proj"])])
+
+
 class _Reader:
     """Opens each shard once and hands out tensors; data are read lazily per tensor."""
 
@@ -151,10 +161,13 @@ class _Reader:
 
 def load_weights(
     ckpt: Checkpoint, cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
-    progress: ProgressFn | None = None, expert_sink: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
+    progress: ProgressFn | None = None, expert_sink: Callable[..., None] | None = None,
+    native_nvfp4: bool = False,
 ) -> dict[str, torch.Tensor]:
     """expert_sink(layer, gate_up, down): receives each layer's experts (on the CPU) instead of the returned
-    dict, so an offloaded model streams them into its host bank without a second full copy."""
+    dict, so an offloaded model streams them into its host bank without a second full copy.
+    native_nvfp4: NVFP4 experts stay in their 4-bit bytes, one packed row per expert (quant/nvfp4_rows.py):
+    expert_sink(layer, rows [E, row_bytes]) or `layers.L.mlp.experts.nvfp4_rows` in the returned dict."""
     scheme = parse_quant_scheme(cfg.quantization)
     check_scheme_matches(ckpt, scheme)
     shapes = dense_shapes(cfg)
@@ -204,6 +217,16 @@ def load_weights(
 
     for layer, plan in experts.items():
         p = f"layers.{layer}.mlp.experts."
+        if native_nvfp4 and plan.get("format") == NVFP4:
+            rows = _nvfp4_rows(reader, plan)
+            if expert_sink is not None:
+                expert_sink(layer, rows)
+            else:
+                out[p + "nvfp4_rows"] = rows.to(device)
+            done += 1
+            if progress:
+                progress(done, total)
+            continue
         if "format" in plan:
             parts = {kind: [_dequant(reader, group, plan["format"], dtype) for group in plan[kind]]
                      for kind in ("gate_proj", "up_proj", "down_proj")}

@@ -9,6 +9,7 @@ from .errors import OptionError
 
 PREFILL_MODES = ("auto", "chunked", "layer-major")
 OVERLAP_MODES = ("auto", "off", "copy-side", "shared-side")
+EXPERT_FORMATS = ("auto", "dense", "nvfp4")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -41,6 +42,9 @@ class EngineOptions:
     vram_budget: int | None = None  # bytes the engine may allocate on the GPU; None = what is free
     expert_slots: int | None = None  # offload the routed experts to host RAM with this many GPU slots
     prefill_window: int | None = None  # layer-major: tokens whose activations are parked at once (None = all)
+    # NVFP4 experts: "nvfp4" keeps the checkpoint's 4-bit bytes in bank and slots (W4A16 kernels); "dense"
+    # dequantizes them at load; "auto" = nvfp4 on a GPU with Triton, dense on the CPU.
+    expert_format: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefill_chunk, int) or isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 1:
@@ -57,6 +61,8 @@ class EngineOptions:
             raise OptionError(f"expert_slots must be a positive number of slots, got {self.expert_slots!r}")
         if self.prefill_window is not None and (not isinstance(self.prefill_window, int) or self.prefill_window < 1):
             raise OptionError(f"prefill_window must be a positive number of tokens, got {self.prefill_window!r}")
+        if self.expert_format not in EXPERT_FORMATS:
+            raise OptionError(f"expert_format {self.expert_format!r} is not one of {', '.join(EXPERT_FORMATS)}")
         object.__setattr__(self, "vram_budget", parse_bytes(self.vram_budget, "vram_budget"))
 
     @classmethod

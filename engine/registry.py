@@ -65,8 +65,12 @@ KNOWN_MODELS: tuple[KnownModel, ...] = (
 # the bench simulates the 16 GB card with it); on the CPU it holds every weight in the compute dtype.
 SYNTHETIC_MODELS: dict[str, tuple[ModelFacts | None, int | None]] = {
     "qwen3.6-35b-a3b": (QWEN36_35B_A3B_NVFP4, QWEN36_TEXT_PARAMS),
+    "qwen3.6-35b-a3b-nvfp4": (QWEN36_35B_A3B_NVFP4, QWEN36_TEXT_PARAMS),
     "tiny": (None, None),
     "odd": (None, None),
+    "small": (None, None),
+    "tiny-nvfp4": (None, None),
+    "small-nvfp4": (None, None),
 }
 
 

@@ -13,6 +13,7 @@ import torch
 from .config import ModelConfig, parse_model_config
 from .errors import OptionError
 from .load import FP32_SUFFIXES
+from .quant.nvfp4_rows import dequant_expert_rows, quantize_expert_rows
 from .tiny import GEOMETRIES, TinyGeometry, config_dict, random_weights
 
 PREFIX = "synthetic:"
@@ -30,10 +31,20 @@ def is_synthetic(ref) -> bool:
     return isinstance(ref, str) and ref.startswith(PREFIX)
 
 
+NVFP4_SUFFIX = "-nvfp4"  # synthetic:NAME-nvfp4: the routed experts quantized to NVFP4 (ModelOpt's recipe)
+
+
+def synthetic_nvfp4(ref: str) -> bool:
+    return str(ref).endswith(NVFP4_SUFFIX)
+
+
 def synthetic_geometry(ref: str) -> tuple[str, TinyGeometry, int | None]:
     name = ref[len(PREFIX):]
+    if name.endswith(NVFP4_SUFFIX):
+        name = name[: -len(NVFP4_SUFFIX)]
     if name not in SYNTHETIC:
-        raise OptionError(f"unknown synthetic model {ref!r}; known: {', '.join(PREFIX + k for k in SYNTHETIC)}")
+        known = ", ".join(PREFIX + k for k in SYNTHETIC)
+        raise OptionError(f"unknown synthetic model {ref!r}; known: {known} (each also as NAME{NVFP4_SUFFIX})")
     geometry, vocab = SYNTHETIC[name]
     return name, geometry, vocab
 
@@ -77,16 +88,38 @@ _SHARED: dict[tuple, "weakref.ref[SharedSynthetic]"] = {}
 
 
 def shared_synthetic(ref: str, device: torch.device, dtype: torch.dtype, vocab_size: int,
-                     make_bank: Callable[[ModelConfig], object] | None) -> SharedSynthetic:
+                     make_bank: Callable[[ModelConfig], object] | None, native_nvfp4: bool = False) -> SharedSynthetic:
     """The live SharedSynthetic for this model, device, dtype and expert placement, or a new one. make_bank:
-    None keeps the experts with the weights (resident); else it makes the host bank the experts stream into."""
-    key = (ref, str(device), dtype, vocab_size, make_bank is not None)
+    None keeps the experts with the weights (resident); else it makes the host bank the experts stream into.
+    For a -nvfp4 model the experts are quantized as they are made and kept as NVFP4 rows (native_nvfp4) or
+    dequantized back to the compute dtype: either way the model's values are the quantized ones."""
+    key = (ref, str(device), dtype, vocab_size, make_bank is not None, native_nvfp4)
     found = _SHARED.get(key)
     shared = found() if found is not None else None
     if shared is None:
         config = synthetic_config(ref, vocab_size)
         bank = make_bank(config) if make_bank is not None else None
-        _, weights = synthetic_model(ref, device, dtype, vocab_size, expert_sink=bank.put if bank else None)
+        resident: dict[str, torch.Tensor] = {}
+        h, inter = config.hidden_size, config.moe.intermediate_size
+
+        def sink(layer: int, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+            p = f"layers.{layer}.mlp.experts."
+            if synthetic_nvfp4(ref):
+                rows = quantize_expert_rows(gate_up, down)
+                if native_nvfp4:
+                    if bank is not None:
+                        bank.put_rows(layer, rows)
+                    else:
+                        resident[p + "nvfp4_rows"] = rows
+                    return
+                gate_up, down = dequant_expert_rows(rows, h, inter, dtype)
+            if bank is not None:
+                bank.put(layer, gate_up, down)
+            else:
+                resident[p + "gate_up_proj"], resident[p + "down_proj"] = gate_up, down
+
+        _, weights = synthetic_model(ref, device, dtype, vocab_size, expert_sink=sink)
+        weights.update(resident)
         shared = SharedSynthetic(config, weights, bank)
         _SHARED[key] = weakref.ref(shared)
     return shared

@@ -78,3 +78,36 @@ def test_layer_major_is_bitwise_chunked_on_gpu(small_ckpt, length, window):
     prompt_a = ca.stream_copies  # the warm-up prefill of 30 tokens streamed each layer once
     assert prompt_a == layers * (1 + chunks)
     assert cb.stream_copies == layers * (1 + windows)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_nvfp4_rows_offloaded_are_byte_equal_to_resident(graphs):
+    """4-bit expert rows in bank and slots (W4A16 Triton kernels): offloaded == resident, byte for byte."""
+    ref = "synthetic:small-nvfp4"
+    resident = build(ref, cuda_graphs=graphs, prefill_mode="chunked")
+    offloaded = build(ref, cuda_graphs=graphs, prefill_mode="chunked", expert_slots=SLOTS)
+    assert offloaded.plan["experts"]["value"].startswith("nvfp4") and offloaded.model.cache.rows.dtype == torch.uint8
+    ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(22))
+    a, b = resident.score(ids, prefill=64), offloaded.score(ids, prefill=64)
+    assert torch.isfinite(a).all() and torch.equal(a, b)
+    assert offloaded.stats()["expert_misses"] > 180
+
+
+def test_nvfp4_rows_agree_with_the_dequantized_model_at_the_bf16_level():
+    ref = "synthetic:small-nvfp4"
+    native = build(ref, expert_format="nvfp4")
+    dense = build(ref, expert_format="dense")
+    ids = torch.randint(0, 600, (64 + 40,), generator=torch.Generator().manual_seed(23))
+    a, b = native.score(ids, prefill=64), dense.score(ids, prefill=64)
+    assert (a - b).norm() / b.norm() <= 2e-2
+
+
+def test_layer_major_over_nvfp4_rows_is_bitwise_chunked_on_gpu():
+    ref = "synthetic:small-nvfp4"
+    chunked = build(ref, expert_slots=SLOTS, prefill_mode="chunked")
+    layer_major = build(ref, expert_slots=SLOTS, prefill_mode="layer-major")
+    ids = torch.randint(0, 600, (4 * CHUNK + 37 + 20,), generator=torch.Generator().manual_seed(24))
+    for engine in (chunked, layer_major):
+        engine.score(ids[:50], prefill=30)
+    assert torch.equal(chunked.score(ids, prefill=4 * CHUNK + 37), layer_major.score(ids, prefill=4 * CHUNK + 37))
+    assert torch.equal(chunked.model.cache.rows[:-1], layer_major.model.cache.rows[:-1])

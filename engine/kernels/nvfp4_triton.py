@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant.nvfp4_rows import nvfp4_expert_row_bytes, pack_nvfp4_expert  # noqa: F401 (the row layout)
+
 
 @triton.jit
 def _e2m1(code):
@@ -71,21 +73,6 @@ def nvfp4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, scale
         n, k, BLOCK_N=block_n, BLOCK_K=min(256, max(32, triton.next_power_of_2(k))),
     )
     return out
-
-
-def nvfp4_expert_row_bytes(hidden: int, inter: int) -> int:
-    """One routed expert in its native NVFP4 bytes, as one bank/slot row (1,769,484 B for Qwen3.6-35B-A3B):
-    gate_up packed [2I, H/2] | gate_up scales [2I, H/16] | down packed [H, I/2] | down scales [H, I/16] |
-    three fp32 globals (gate, up, down)."""
-    return 2 * inter * hidden // 2 + 2 * inter * hidden // 16 + hidden * inter // 2 + hidden * inter // 16 + 12
-
-
-def pack_nvfp4_expert(gate: tuple, up: tuple, down: tuple) -> torch.Tensor:
-    """(packed, scale, scale2) triples of one expert's gate/up/down -> its uint8 row."""
-    parts = [torch.cat([gate[0], up[0]]).reshape(-1), torch.cat([gate[1], up[1]]).view(torch.uint8).reshape(-1),
-             down[0].reshape(-1), down[1].view(torch.uint8).reshape(-1),
-             torch.stack([gate[2].float(), up[2].float(), down[2].float()]).view(torch.uint8)]
-    return torch.cat([p.contiguous().view(torch.uint8) for p in parts])
 
 
 @triton.jit

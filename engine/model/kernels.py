@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import torch
@@ -9,7 +10,8 @@ import torch
 from ..config import ModelConfig
 from ..kernels.gdn_torch import gdn_core_torch
 from .attention_backends import FlashInferAttention, SdpaAttention, flashinfer_available
-from .moe import routed_experts_decode_reference, routed_experts_reference
+from .moe import (nvfp4_experts_decode_reference, nvfp4_experts_reference, routed_experts_decode_reference,
+                  routed_experts_reference)
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,9 @@ class Kernels:
     experts_decode: Callable
     graph_safe: bool  # every decode-path kernel can be captured in a CUDA graph (no host sync, fixed shapes)
     choices: dict = field(default_factory=dict)  # part -> (name, reason)
+    # The same two over native NVFP4 expert rows: f(x, weights, ids, rows).
+    experts_prefill_nvfp4: Callable | None = None
+    experts_decode_nvfp4: Callable | None = None
 
 
 # Head sizes FlashInfer ships/compiles attention kernels for, and fla's GDN kernels handle.
@@ -44,7 +49,8 @@ def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, m
         choices["attention"] = ("sdpa", "CPU: torch SDPA over a contiguous KV cache (the reference path)")
         choices["gdn"] = ("torch", "CPU: the torch chunked/recurrent gated delta rule (the reference path)")
         choices["moe"] = ("torch", "CPU: per-expert loop over the chosen experts (the reference path)")
-        return Kernels(attn, gdn_core_torch, routed_experts_reference, routed_experts_decode_reference, False, choices)
+        return Kernels(attn, gdn_core_torch, routed_experts_reference, routed_experts_decode_reference, False, choices,
+                       *_nvfp4_references(cfg))
 
     fi_ok = a.head_dim in FLASHINFER_HEAD_DIMS and dtype in (torch.bfloat16, torch.float16)
     if attention in ("auto", "flashinfer") and fi_ok and flashinfer_available():
@@ -69,11 +75,23 @@ def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, m
 
     if _triton_available():
         from ..kernels.moe_triton import moe_decode, moe_grouped
+        from ..kernels.nvfp4_grouped import nvfp4_moe_grouped
+        from ..kernels.nvfp4_triton import nvfp4_moe_decode
 
         prefill, decode = moe_grouped, moe_decode
-        choices["moe"] = ("triton", "Triton grouped GEMM (prefill) and a k-expert GEMV (decode)")
+        h, i = cfg.hidden_size, cfg.moe.intermediate_size
+        nvfp4 = (partial(nvfp4_moe_grouped, hidden=h, inter=i), partial(nvfp4_moe_decode, hidden=h, inter=i))
+        choices["moe"] = ("triton", "Triton grouped GEMM (prefill) and a k-expert GEMV (decode); NVFP4 experts "
+                                    "dequantized on the fly (W4A16)")
     else:
         prefill, decode = routed_experts_reference, routed_experts_decode_reference
+        nvfp4 = _nvfp4_references(cfg)
         choices["moe"] = ("torch", "Triton is not available: per-expert loop (syncs; no CUDA graphs)")
     graph_safe = attn.graph_safe and decode is not routed_experts_decode_reference
-    return Kernels(attn, gdn, prefill, decode, graph_safe, choices)
+    return Kernels(attn, gdn, prefill, decode, graph_safe, choices, *nvfp4)
+
+
+def _nvfp4_references(cfg: ModelConfig) -> tuple[Callable, Callable]:
+    h, i = cfg.hidden_size, cfg.moe.intermediate_size
+    return (partial(nvfp4_experts_reference, hidden=h, inter=i),
+            partial(nvfp4_experts_decode_reference, hidden=h, inter=i))

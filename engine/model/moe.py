@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..quant.nvfp4_rows import dequant_expert_rows
 from .ops import swiglu
 
 
@@ -46,21 +47,40 @@ def routed_experts_decode_reference(
     return out
 
 
+def nvfp4_experts_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
+                            hidden: int, inter: int) -> torch.Tensor:
+    """Prefill over NVFP4 rows [E, row_bytes]: dequantize the experts that were hit, then the dense reference."""
+    used = torch.unique(ids)
+    gate_up, down = dequant_expert_rows(rows[used], hidden, inter, x.dtype)
+    compact = torch.full((rows.shape[0],), -1, dtype=ids.dtype, device=ids.device)
+    compact[used] = torch.arange(used.numel(), dtype=ids.dtype, device=ids.device)  # keeps the id order
+    return routed_experts_reference(x, weights, compact[ids], gate_up, down)
+
+
+def nvfp4_experts_decode_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
+                                   hidden: int, inter: int) -> torch.Tensor:
+    """Batch-1 over NVFP4 rows (experts or slots): dequantize the k rows, sum in top-k order."""
+    gate_up, down = dequant_expert_rows(rows[ids.reshape(-1)], hidden, inter, x.dtype)
+    order = torch.arange(ids.shape[-1], device=ids.device)[None]
+    return routed_experts_decode_reference(x, weights, order, gate_up, down)
+
+
 def _nothing_to_copy() -> None:
     pass
 
 
 class ResidentExperts:
-    """All of a layer's experts on the compute device, stacked by expert id."""
+    """All of a layer's experts on the compute device, by expert id: (gate_up, down) stacked in the compute
+    dtype ("dense"), or (NVFP4 rows,) ("nvfp4")."""
 
-    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor):
-        self.gate_up, self.down = gate_up, down
+    def __init__(self, weights: tuple[torch.Tensor, ...], fmt: str = "dense"):
+        self.weights, self.fmt = weights, fmt
 
     def for_decode(self, ids: torch.Tensor):
-        return ids, self.gate_up, self.down, _nothing_to_copy
+        return ids, self.weights, _nothing_to_copy
 
     def for_prefill(self):
-        return self.gate_up, self.down
+        return self.weights
 
     def release_prefill(self) -> None:
         pass
@@ -83,11 +103,13 @@ class SparseMoE:
         weights, ids = route(x, self.router_w, self.top_k)
         if self.routing is not None:
             ids = self.routing.ids(self.layer, x.shape[0])
+        nvfp4 = self.experts.fmt == "nvfp4"
         if decode and x.shape[0] == 1:
-            ids, gate_up, down, copy = self.experts.for_decode(ids)
+            ids, expert_weights, copy = self.experts.for_decode(ids)
             shared = self.overlap.run(copy, lambda: self.shared_expert(x), x)
-            return self.kernels.experts_decode(x, weights, ids, gate_up, down) + shared
-        gate_up, down = self.experts.for_prefill()
-        routed = self.kernels.experts_prefill(x, weights, ids, gate_up, down)
+            kernel = self.kernels.experts_decode_nvfp4 if nvfp4 else self.kernels.experts_decode
+            return kernel(x, weights, ids, *expert_weights) + shared
+        kernel = self.kernels.experts_prefill_nvfp4 if nvfp4 else self.kernels.experts_prefill
+        routed = kernel(x, weights, ids, *self.experts.for_prefill())
         self.experts.release_prefill()
         return routed + self.shared_expert(x)

@@ -65,7 +65,9 @@ class Qwen35MoeModel:
 
             return OffloadedExperts(layer, self.cache)
         p = f"layers.{layer}.mlp.experts."
-        return ResidentExperts(weights[p + "gate_up_proj"], weights[p + "down_proj"])
+        if p + "nvfp4_rows" in weights:  # native 4-bit experts, resident
+            return ResidentExperts((weights[p + "nvfp4_rows"],), "nvfp4")
+        return ResidentExperts((weights[p + "gate_up_proj"], weights[p + "down_proj"]))
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int,
                 decode: bool = False) -> torch.Tensor:

@@ -10,6 +10,9 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import ResourceError
+from ..quant.nvfp4_rows import NVFP4_ROWS, nvfp4_expert_row_bytes
+
+DENSE = "dense"  # rows in the compute dtype: gate_up [2I, H] then down [H, I]
 
 
 def expert_row_elems(cfg: ModelConfig) -> int:
@@ -37,18 +40,23 @@ def host_ram_available() -> int | None:
 
 
 class HostExpertBank:
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, pin: bool):
-        self.cfg, self.dtype = cfg, dtype
-        self.row_elems = expert_row_elems(cfg)
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, pin: bool, fmt: str = DENSE):
+        """fmt DENSE: rows in the compute dtype; NVFP4_ROWS: the checkpoint's 4-bit bytes (uint8 rows)."""
+        if fmt not in (DENSE, NVFP4_ROWS):
+            raise ValueError(f"unknown expert row format {fmt!r}")
+        self.cfg, self.fmt = cfg, fmt
+        h, i = cfg.hidden_size, cfg.moe.intermediate_size
+        self.dtype = torch.uint8 if fmt == NVFP4_ROWS else dtype
+        self.row_elems = nvfp4_expert_row_bytes(h, i) if fmt == NVFP4_ROWS else expert_row_elems(cfg)
         rows = cfg.num_layers * cfg.moe.num_experts
-        need = rows * self.row_elems * torch.finfo(dtype).bits // 8
+        need = rows * self.row_elems * self.dtype.itemsize
         avail = host_ram_available()
         if avail is not None and need > avail:
             raise ResourceError(
                 f"the expert bank needs {need / 2**30:.1f} GiB of host RAM and {avail / 2**30:.1f} GiB is available: "
                 "use the NVFP4 checkpoint (about 17 GiB of experts), close other programs, or add RAM"
             )
-        self.rows = torch.empty(rows, self.row_elems, dtype=dtype, pin_memory=pin)
+        self.rows = torch.empty(rows, self.row_elems, dtype=self.dtype, pin_memory=pin)
         self.pinned = pin
         self.bytes = need
 
@@ -57,7 +65,21 @@ class HostExpertBank:
         return self.rows[layer * e:(layer + 1) * e]
 
     def put(self, layer: int, gate_up: torch.Tensor, down: torch.Tensor) -> None:
-        """One layer's stacked experts (any device/dtype) into the bank."""
+        """One layer's stacked experts (any device/dtype) into a dense bank."""
+        if self.fmt != DENSE:
+            raise ValueError("this bank holds NVFP4 rows: use put_rows")
         gu, dn = split_rows(self.layer_rows(layer), self.cfg)
         gu.copy_(gate_up)
         dn.copy_(down)
+
+    def put_rows(self, layer: int, rows: torch.Tensor) -> None:
+        """One layer's experts as ready rows [E, row_elems] of the bank's dtype (NVFP4: packed bytes)."""
+        dst = self.layer_rows(layer)
+        if rows.shape != dst.shape or rows.dtype != dst.dtype:
+            raise ValueError(f"layer {layer}: rows {tuple(rows.shape)} {rows.dtype} do not match the bank's "
+                             f"{tuple(dst.shape)} {dst.dtype}")
+        dst.copy_(rows)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.row_elems * self.dtype.itemsize

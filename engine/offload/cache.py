@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ModelConfig
+from ..quant.nvfp4_rows import NVFP4_ROWS
 from .bank import HostExpertBank, split_rows
 from .overlap import dedicated_stream
 
@@ -34,7 +35,9 @@ class ExpertSlotCache:
         self.num_experts, self.num_slots, self.top_k = e, num_slots, k
         self.rows = torch.zeros(num_slots + 1, bank.row_elems, dtype=bank.dtype, device=device)
         self.row_bytes = bank.row_elems * self.rows.element_size()
-        self.gate_up, self.down = split_rows(self.rows, cfg)
+        # What the decode kernels read, by slot id: dense views, or the NVFP4 rows themselves.
+        self.fmt = bank.fmt
+        self.decode_weights = (self.rows,) if bank.fmt == NVFP4_ROWS else split_rows(self.rows, cfg)
         self.slot_map = torch.full((layers * e + 1,), -1, dtype=torch.long, device=device)
         self.slot_key = torch.full((num_slots + 1,), -1, dtype=torch.long, device=device)
         self.stamps = torch.arange(-num_slots, 0, dtype=torch.long, device=device)
@@ -98,8 +101,9 @@ class ExpertSlotCache:
 
         gather_experts(self.bank.rows, plan.src, plan.dst, plan.count, self.rows)
 
-    def stream_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill: this layer's whole bank in a device buffer -> stacked (gate_up, down) views by expert id.
+    def stream_layer(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """Prefill: this layer's whole bank in a device buffer -> stacked (gate_up, down) views by expert id, or
+        (NVFP4 rows,) for a 4-bit bank.
 
         Two buffers: while layer L computes from one, layer L+1's bank streams into the other on the copy
         stream (behind the previous layer's compute). Chunked prefill visits layer L once per chunk and finds
@@ -113,6 +117,8 @@ class ExpertSlotCache:
             torch.cuda.current_stream().wait_event(self._copy_done[which])
         if layer + 1 < self.cfg.num_layers and self._stream_layer[(layer + 1) % 2] != layer + 1:
             self._start_copy(layer + 1)
+        if self.fmt == NVFP4_ROWS:
+            return (self.stream_rows[which],)
         return split_rows(self.stream_rows[which], self.cfg)
 
     def release_layer(self, layer: int) -> None:

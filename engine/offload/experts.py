@@ -9,6 +9,7 @@ from .cache import ExpertSlotCache
 class OffloadedExperts:
     def __init__(self, layer: int, cache: ExpertSlotCache):
         self.layer, self.cache = layer, cache
+        self.fmt = cache.fmt
 
     def for_decode(self, ids: torch.Tensor):
         """ensure now (on the compute stream: the single writer of the slot map); the copy is returned for the
@@ -16,7 +17,7 @@ class OffloadedExperts:
         slots, plan = self.cache.ensure(self.layer, ids)
         copy = lambda: self.cache.copy_missing(plan)  # noqa: E731
         copy.inputs = (plan.src, plan.dst, plan.count)  # read on the side stream when the copy is forked
-        return slots, self.cache.gate_up, self.cache.down, copy
+        return slots, self.cache.decode_weights, copy
 
     def for_prefill(self):
         return self.cache.stream_layer(self.layer)
