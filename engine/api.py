@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -15,11 +14,12 @@ from .env import read_env
 from .errors import ContextLimitError, OptionError, QwenlocalError
 from .events import EngineError, Event, ReasoningDelta, Stats, TokenDelta, TurnDone
 from .load import load_weights
+from .choices import (apply_plan, check_slots, choose_overlap, context_limit, machine_plan,  # noqa: F401
+                      native_nvfp4_experts, offload_bank, placement_of)
 from .offload.bank import DENSE, HostExpertBank
-from .quant.nvfp4_rows import NVFP4_ROWS, nvfp4_expert_row_bytes
+from .quant.nvfp4_rows import NVFP4_ROWS
 from .quant.scheme import NVFP4, parse_quant_scheme
 from .offload.cache import ExpertSlotCache
-from .offload.overlap import CudaStreams, DecodeOverlap
 from .offload.routing import RoutingSpec, RoutingTrace
 from .model.kernels import select_kernels
 from .model.qwen3_5_moe import Qwen35MoeModel
@@ -64,99 +64,6 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
     return out
 
 
-def _check_slots(config: ModelConfig, opts: EngineOptions) -> bool:
-    """Whether the experts are offloaded (options.expert_slots); a bad slot count fails before any loading."""
-    if opts.expert_slots is None:
-        return False
-    total = config.num_layers * config.moe.num_experts
-    if not config.moe.top_k <= opts.expert_slots <= total:
-        raise OptionError(f"expert_slots must be between top_k={config.moe.top_k} and the {total} experts of the "
-                          f"model, got {opts.expert_slots}; leave it unset to keep every expert resident")
-    return True
-
-
-def _offload_bank(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype,
-                  device: torch.device, native_nvfp4: bool = False) -> HostExpertBank | None:
-    """The host bank when the experts are offloaded, checked before any loading."""
-    if not _check_slots(config, opts):
-        return None
-    return HostExpertBank(config, dtype, pin=device.type == "cuda", fmt=NVFP4_ROWS if native_nvfp4 else DENSE)
-
-
-def native_nvfp4_experts(opts: EngineOptions, experts_format: str, device: torch.device) -> bool:
-    """Whether the routed experts stay in NVFP4 bytes (bank, slots, W4A16 kernels) or are dequantized at load."""
-    if opts.expert_format == "dense" or (opts.expert_format == "auto" and experts_format != NVFP4):
-        return False
-    if experts_format != NVFP4:
-        raise OptionError(f"expert_format='nvfp4' needs a checkpoint whose routed experts are NVFP4 (e.g. "
-                          f"nvidia/Qwen3.6-35B-A3B-NVFP4, or make one with scripts/quantize_nvfp4.py); this "
-                          f"checkpoint's experts are {experts_format}")
-    if opts.expert_format == "nvfp4":
-        return True
-    from .model.kernels import _triton_available
-
-    return device.type == "cuda" and _triton_available()
-
-
-def _placement(weights: dict[str, torch.Tensor], bank) -> dict:
-    def nbytes(ts) -> int:
-        return sum(t.numel() * t.element_size() for t in ts)
-
-    experts = [t for n, t in weights.items() if ".mlp.experts." in n]
-    dense = [t for n, t in weights.items() if ".mlp.experts." not in n]
-    out = {"dense_weights": nbytes(dense), "experts_resident": nbytes(experts)}
-    if bank is not None:
-        out["host_expert_bank"] = bank.bytes
-    return out
-
-
-def apply_plan(opts: EngineOptions, plan) -> EngineOptions:
-    """What a GPU engine runs with: the plan's slot count when not every expert fits the VRAM budget (the
-    experts then live in the host bank), and its context when none was asked for. User values stay."""
-    changes = {}
-    if opts.expert_slots is None and not plan.all_resident:
-        changes["expert_slots"] = plan.slots
-    if opts.max_context is None:
-        changes["max_context"] = plan.context_tokens
-    return replace(opts, **changes) if changes else opts
-
-
-def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype, native_nvfp4: bool = False):
-    """The probe's profile of this GPU (cached) and the policy's plan for this model; raises ResourceError
-    with the numbers when the model cannot fit, before any weight is read."""
-    from .plan import ModelFacts, resolve_plan
-    from .probe.cache import get_profile
-
-    facts = ModelFacts.from_config(config, expert_dtype_bytes=torch.finfo(dtype).bits / 8,
-                                   dense_dtype_bytes=torch.finfo(dtype).bits / 8)
-    if native_nvfp4:  # a slot and a bank row hold the expert's 4-bit bytes
-        facts = replace(facts, expert_bytes=nvfp4_expert_row_bytes(config.hidden_size, config.moe.intermediate_size))
-    return resolve_plan(get_profile().profile, facts, opts, device="cuda")
-
-
-def choose_overlap(opts: EngineOptions, device: torch.device, cache, plan=None) -> tuple[DecodeOverlap, str]:
-    """The decode overlap split, decided once before any graph capture, with its reason. "auto" takes the
-    machine plan's split (its rule: copy-side with several copy engines on a native driver, shared-side on
-    one copy engine or WDDM; a measured micro-bench wins over both). Both splits passed the GPU byte-equality
-    gate (tests/test_gpu_overlap.py, H200) and measured +2.0 % / +1.4 % decode at 120K (docs/RESULTS.md)."""
-    if opts.overlap == "off":
-        return DecodeOverlap("off"), "off by option"
-    if device.type != "cuda":
-        return DecodeOverlap("off"), "CPU decode: one stream, nothing to overlap"
-    if cache is None:
-        return DecodeOverlap("off"), "experts all resident: no miss copies to hide"
-    if opts.overlap == "auto":
-        if plan is None or plan.overlap == "off":
-            why = plan.reason("overlap") if plan is not None else "no machine plan"
-            return DecodeOverlap("off"), f"auto: off ({why})"
-        return DecodeOverlap(plan.overlap, CudaStreams(device)), f"auto: {plan.reason('overlap')}"
-    return DecodeOverlap(opts.overlap, CudaStreams(device)), f"{opts.overlap} forced by option"
-
-
-def context_limit(config: ModelConfig, options: EngineOptions) -> int:
-    return min(options.max_context or config.max_position_embeddings, config.max_position_embeddings)
-
-
 class Engine:
     def __init__(self, model_dir: Path, config: ModelConfig, model: Qwen35MoeModel, tokenizer: ChatTokenizer,
                  options: EngineOptions, sampling_defaults: SamplingParams, eos_ids: tuple[int, ...],
@@ -199,7 +106,7 @@ class Engine:
             if dev.type == "cuda":
                 plan = machine_plan(config, opts, dtype, native)
                 opts = apply_plan(opts, plan)
-            offloaded = _check_slots(config, opts)
+            offloaded = check_slots(config, opts)
             fmt = NVFP4_ROWS if native else DENSE
             make_bank = (lambda cfg: HostExpertBank(cfg, dtype, pin=dev.type == "cuda", fmt=fmt)) if offloaded else None
             shared = shared_synthetic(str(path), dev, dtype, padded_vocab, make_bank, native)
@@ -215,12 +122,12 @@ class Engine:
             if dev.type == "cuda":
                 plan = machine_plan(config, opts, dtype, native)
                 opts = apply_plan(opts, plan)
-            bank = _offload_bank(config, opts, dtype, dev, native)
+            bank = offload_bank(config, opts, dtype, dev, native)
             step = (lambda done, total: progress("weights", done, total)) if progress else None
             sink = None if bank is None else (bank.put_rows if native else bank.put)
             weights = load_weights(ckpt, config, dtype, dev, progress=step, expert_sink=sink, native_nvfp4=native)
         max_context = context_limit(config, opts)
-        placed = _placement(weights, bank)
+        placed = placement_of(weights, bank)
         cache = ExpertSlotCache(config, bank, opts.expert_slots, dev) if bank is not None else None
         overlap, overlap_reason = choose_overlap(opts, dev, cache, plan)
         model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context), cache, overlap)

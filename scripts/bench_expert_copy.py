@@ -84,7 +84,6 @@ def main() -> int:
             print(f"{fmt:6} k={k:3} {nbytes / 1e6:7.1f} MB  per-miss {row['per_miss_copy_gbps']:5.1f} GB/s  "
                   f"gather {row['gather_kernel_gbps']:5.1f} GB/s  one-block {row['one_block_copy_gbps']:5.1f} GB/s",
                   flush=True)
-        del bank, slots
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"{time.strftime('%Y-%m-%d-%H%M%S')}-expert-copy.json"

@@ -131,13 +131,13 @@ def test_auto_overlap_follows_the_machine_plan(monkeypatch):
     on the CPU and with every expert resident. Forced values stay."""
     import torch
 
-    from qwenlocal.engine import api
+    from qwenlocal.engine import api, choices
     from qwenlocal.engine.options import EngineOptions
     from qwenlocal.engine.plan import ModelFacts, resolve_plan
     from qwenlocal.engine.probe import fake
     from qwenlocal.engine.synthetic import synthetic_config
 
-    monkeypatch.setattr(api, "CudaStreams", lambda device: ("fake streams", device))
+    monkeypatch.setattr(choices, "CudaStreams", lambda device: ("fake streams", device))
     facts = ModelFacts.from_config(synthetic_config("synthetic:qwen3.6-35b-a3b", 0), expert_dtype_bytes=2)
     opts = EngineOptions(vram_budget="16GiB")
     cuda, cache = torch.device("cuda"), object()
