@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Diagnostics (not a benchmark): does the layer-major prefill's bank copy run beside the compute?
+
+Measured at 16K (docs/RESULTS.md): TTFT 2.16 s ~ bank copy 1.18 s + resident compute 1.07 s, i.e. the sum, not
+the max. This profiles one offloaded prefill (full-size synthetic model, 16 GiB budget) and prints, from the
+CUDA trace: the prefill's wall time; the time H2D copies were active, compute kernels were active, and both at
+once (the overlap); the host-side synchronizations (cudaDeviceSynchronize / cudaStreamSynchronize /
+cudaEventSynchronize / cudaMemcpy, count and total time) that could serialize the copy stream with compute;
+and the top kernels.
+    python scripts/profile_prefill.py [TOKENS] [--mode layer-major|chunked]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from qwenlocal.engine import Engine
+
+SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy ",
+              "cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaHostAlloc", "cudaMalloc", "cudaFree")
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def total(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def intersect(x, y) -> float:
+    i = j = 0
+    acc = 0.0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        acc += max(0.0, b - a)
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return acc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("tokens", nargs="?", type=int, default=16384)
+    ap.add_argument("--mode", default="layer-major", choices=("layer-major", "chunked"))
+    ap.add_argument("--model", default="synthetic:qwen3.6-35b-a3b")
+    args = ap.parse_args()
+    eng = Engine.from_pretrained(args.model, device="cuda", dtype=torch.bfloat16, vram_budget="16GiB",
+                                 options={"prefill_mode": args.mode, "routing": {"preset": "calibrated-28"}})
+    runner = eng.runner
+    ids = torch.randint(0, 600, (args.tokens,), device="cuda")
+    runner.prefill(runner.new_state(), ids)  # warm-up: JIT, allocator, graphs
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        runner.prefill(runner.new_state(), ids)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    copies, kernels = [], []
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        span = (ev.time_range.start / 1e6, ev.time_range.end / 1e6)  # us -> s
+        (copies if "Memcpy HtoD" in ev.name or "Memcpy H2D" in ev.name else kernels).append(span)
+    cu, ku = union(copies), union(kernels)
+    both = intersect(cu, ku)
+    print(f"{args.mode} prefill of {args.tokens:,} tokens: wall {wall:.3f} s (profiled)")
+    print(f"H2D copies active {total(cu):.3f} s, compute active {total(ku):.3f} s, both at once {both:.3f} s "
+          f"({both / max(1e-9, min(total(cu), total(ku))):.0%} of the shorter)")
+    print("host-side calls that can wait for the GPU:")
+    for row in prof.key_averages():
+        if row.key.startswith(SYNC_NAMES) or row.key.strip() in (s.strip() for s in SYNC_NAMES):
+            print(f"  {row.key:32} x{row.count:6}  {row.cpu_time_total / 1e3:9.1f} ms")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
+    print(eng.stats().get("prefill_stream_copies"), "stream copies;", eng.stats().get("prefill_stream_bytes"), "bytes")
+
+
+if __name__ == "__main__":
+    main()
