@@ -153,3 +153,45 @@ def test_auto_overlap_follows_the_machine_plan(monkeypatch):
     forced = EngineOptions(vram_budget="16GiB", overlap="shared-side")
     assert api.choose_overlap(forced, cuda, cache, native)[0].split == "shared-side"
     assert api.choose_overlap(EngineOptions(overlap="off"), cuda, cache, native)[0].split == "off"
+
+
+def test_microbench_schedule_gives_exactly_the_asked_misses_per_step():
+    """The micro-bench's premise, on the real slot cache (CPU tensors): with k + m or more slots, each step of
+    the schedule misses exactly m experts, so every split copies the same bytes."""
+    import torch
+
+    from qwenlocal.engine.offload.bank import HostExpertBank
+    from qwenlocal.engine.offload.cache import ExpertSlotCache
+    from qwenlocal.engine.probe.overlap_bench import miss_schedule
+    from test_offload import small_cfg
+
+    cfg = small_cfg(experts=40, top_k=3, layers=1)
+    for misses in (1, 2, 3):
+        cache = ExpertSlotCache(cfg, HostExpertBank(cfg, torch.float32, pin=False), 2 * (3 + misses),
+                                torch.device("cpu"))
+        sched = miss_schedule(60, 40, 3, misses)
+        counts = []
+        for row in sched:
+            _, plan = cache.ensure(0, row[None])
+            cache.copy_missing(plan)
+            counts.append(int(plan.count))
+        assert counts[0] == 3 and set(counts[1:]) == {misses}
+    with pytest.raises(ValueError):
+        miss_schedule(4, 12, 3, 0)
+
+
+def test_microbench_summary_feeds_the_plan():
+    from qwenlocal.engine.plan import _auto_overlap
+    from qwenlocal.engine.probe import fake
+    from qwenlocal.engine.probe.overlap_bench import describe, summarize
+
+    detail = {"us_per_step": 100.0, "misses_per_step": 2, "expert_bytes": 1_769_484}
+    per_split = {"off": dict(detail), "copy-side": {**detail, "us_per_step": 96.0, "copy_start_slip_us": 3.0,
+                                                     "shared_ends_inside_copy": 0.9},
+                 "shared-side": {**detail, "us_per_step": 98.0, "copy_start_slip_us": 1.0,
+                                 "shared_ends_inside_copy": 0.5}}
+    summary = summarize(per_split)
+    assert summary["copy-side"] == 96.0 and "copy starts 3.0 us after the fork" in describe(summary)
+    times = {k: summary[k] for k in ("off", "copy-side", "shared-side")}
+    split, why = _auto_overlap(fake.wsl2_rtx5070ti(microbench=times), "cuda", False)
+    assert split == "copy-side" and "micro-bench" in why  # the measurement beats the one-copy-engine rule

@@ -27,6 +27,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the profile and the plan as JSON")
     parser.add_argument("--full", action="store_true",
                         help="a deeper measurement: more copy sizes and repetitions (slower)")
+    parser.add_argument("--overlap-bench", action="store_true",
+                        help="also run the decode-overlap micro-bench (one MoE layer, each split; ~1 min) and keep "
+                             "its result in the profile, where the plan uses it to choose the split")
     plan = parser.add_argument_group("plan options (what the plan would be with these engine options)")
     plan.add_argument("--vram-budget", metavar="SIZE", help="VRAM the engine may use, e.g. 16GiB (simulates a smaller card)")
     plan.add_argument("--max-context", type=int, metavar="TOKENS", help="size the KV cache for this many tokens")
@@ -47,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
                                    overlap=args.overlap, prefill_mode=args.prefill_mode,
                                    prefill_chunk=args.prefill_chunk, cuda_graphs=False if args.no_cuda_graphs else None)
     result = get_profile(refresh=args.refresh, depth="full" if args.full else "quick")
+    if args.overlap_bench:
+        result = _overlap_bench(result)
     model = QWEN36_35B_A3B_NVFP4
     plan, plan_error = None, None
     try:
@@ -78,6 +83,21 @@ def _as_json(result, model, options, plan, plan_error, elapsed: float) -> dict:
                   "note": result.note},
         "runtime_s": round(elapsed, 3),
     }
+
+
+def _overlap_bench(result):
+    """Measure the splits on this GPU and store {"off", "copy-side", "shared-side": us per layer} in the profile."""
+    from qwenlocal.engine.errors import ResourceError
+    from qwenlocal.engine.probe.cache import update_profile
+    from qwenlocal.engine.probe.overlap_bench import describe, run_overlap_microbench
+    from qwenlocal.engine.probe.profile import measured
+    from qwenlocal.engine.synthetic import synthetic_config
+
+    if not result.profile.has_cuda:
+        raise ResourceError("the overlap micro-bench needs a CUDA GPU; this machine has none")
+    bench = run_overlap_microbench(synthetic_config("synthetic:qwen3.6-35b-a3b", 248320))
+    times = {k: bench[k] for k in ("off", "copy-side", "shared-side")}
+    return update_profile(lambda p: p.with_facts(overlap_microbench=measured(times, describe(bench))))
 
 
 def _show(result, model, plan, plan_error, elapsed: float) -> None:
