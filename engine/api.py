@@ -15,7 +15,7 @@ from .errors import ContextLimitError, OptionError, QwenlocalError
 from .events import EngineError, Event, ReasoningDelta, Stats, TokenDelta, TurnDone
 from .load import load_weights
 from .choices import (apply_plan, check_slots, choose_overlap, context_limit, machine_plan,  # noqa: F401
-                      native_nvfp4_experts, offload_bank, placement_of)
+                      native_linears, native_nvfp4_experts, offload_bank, placement_of, stored_dense_bytes)
 from .offload.bank import DENSE, HostExpertBank
 from .quant.nvfp4_rows import NVFP4_ROWS
 from .quant.scheme import NVFP4, parse_quant_scheme
@@ -117,15 +117,18 @@ class Engine:
             config = load_model_config(model_dir)
             tokenizer = ChatTokenizer.from_dir(model_dir)
             ckpt = Checkpoint(model_dir)
-            experts_format = parse_quant_scheme(config.quantization).format_of("layers.0.mlp.experts")
-            native = native_nvfp4_experts(opts, experts_format, dev)
+            scheme = parse_quant_scheme(config.quantization)
+            native = native_nvfp4_experts(opts, scheme.format_of("layers.0.mlp.experts"), dev)
+            keep_linears, linear_kernels = native_linears(opts, dev)
+            keep_linears = keep_linears and scheme.quantized
             if dev.type == "cuda":
-                plan = machine_plan(config, opts, dtype, native)
+                plan = machine_plan(config, opts, dtype, native, stored_dense_bytes(ckpt) if keep_linears else None)
                 opts = apply_plan(opts, plan)
             bank = offload_bank(config, opts, dtype, dev, native)
             step = (lambda done, total: progress("weights", done, total)) if progress else None
             sink = None if bank is None else (bank.put_rows if native else bank.put)
-            weights = load_weights(ckpt, config, dtype, dev, progress=step, expert_sink=sink, native_nvfp4=native)
+            weights = load_weights(ckpt, config, dtype, dev, progress=step, expert_sink=sink, native_nvfp4=native,
+                                   native_linears=keep_linears, linear_kernels=linear_kernels)
         max_context = context_limit(config, opts)
         placed = placement_of(weights, bank)
         cache = ExpertSlotCache(config, bank, opts.expert_slots, dev) if bank is not None else None
@@ -164,6 +167,10 @@ class Engine:
         if self.model.routing is not None:
             out["routing"] = {"value": self.model.routing.spec.describe(),
                               "reason": "synthetic expert ids for benchmarks (the router's weights are kept)"}
+        quantized = self._placed.get("quantized_linears", 0) > 0
+        out["linears"] = {"value": "native fp8/nvfp4" if quantized else "dense",
+                          "reason": ("the checkpoint's FP8/NVFP4 bytes on the device; W8A16/W4A16 GEMV in decode"
+                                     if quantized else "compute-dtype weights")}
         fmt = self.model.layers[0].moe.experts.fmt
         out["experts"] = {"value": "nvfp4 rows (W4A16)" if fmt == "nvfp4" else "dense",
                           "reason": ("the checkpoint's 4-bit bytes in bank and slots, dequantized in the kernels"
@@ -298,7 +305,7 @@ class Engine:
         workspace = getattr(self.model.kernels.attention, "workspace_bytes", 0)
         if workspace:
             out["attention_workspace"] = workspace
-        out["device_total"] = sum(v for k, v in out.items() if k != "host_expert_bank")
+        out["device_total"] = sum(v for k, v in out.items() if k not in ("host_expert_bank", "quantized_linears"))
         if self.options.vram_budget is not None:
             out["vram_budget"] = self.options.vram_budget
         return out

@@ -54,8 +54,11 @@ def placement_of(weights: dict[str, torch.Tensor], bank) -> dict:
         return sum(t.numel() * t.element_size() for t in ts)
 
     experts = [t for n, t in weights.items() if ".mlp.experts." in n]
-    dense = [t for n, t in weights.items() if ".mlp.experts." not in n]
-    out = {"dense_weights": nbytes(dense), "experts_resident": nbytes(experts)}
+    dense = [t for n, t in weights.items() if ".mlp.experts." not in n and isinstance(t, torch.Tensor)]
+    quantized = sum(w.nbytes for n, w in weights.items() if not isinstance(w, torch.Tensor))
+    out = {"dense_weights": nbytes(dense) + quantized, "experts_resident": nbytes(experts)}
+    if quantized:
+        out["quantized_linears"] = quantized  # (part of dense_weights) FP8/NVFP4 bytes kept native
     if bank is not None:
         out["host_expert_bank"] = bank.bytes
     return out
@@ -72,7 +75,36 @@ def apply_plan(opts: EngineOptions, plan) -> EngineOptions:
     return replace(opts, **changes) if changes else opts
 
 
-def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype, native_nvfp4: bool = False):
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BF16": 2, "F16": 2, "I16": 2, "F32": 4,
+                "I32": 4, "F64": 8, "I64": 8}
+
+
+def stored_dense_bytes(ckpt) -> int:
+    """Bytes of the text model's non-expert tensors as the checkpoint stores them (headers only): what the
+    device holds when quantized linears stay native."""
+    total = 0
+    for name, entry in ckpt.entries.items():
+        if ".mlp.experts." in f".{name}":
+            continue
+        n = _DTYPE_BYTES.get(entry.dtype, 2)
+        for dim in entry.shape:
+            n *= dim
+        total += n
+    return total
+
+
+def native_linears(opts: EngineOptions, device: torch.device) -> tuple[bool, bool]:
+    """(keep FP8/NVFP4 dense weights in their bytes, run their decode GEMV in Triton)."""
+    from .model.kernels import _triton_available
+
+    kernels = device.type == "cuda" and _triton_available()
+    if opts.linear_format == "dequantized":
+        return False, False
+    return (opts.linear_format == "native" or kernels), kernels
+
+
+def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype, native_nvfp4: bool = False,
+                 dense_bytes: int | None = None):
     """The probe's profile of this GPU (cached) and the policy's plan for this model; raises ResourceError
     with the numbers when the model cannot fit, before any weight is read."""
     from .plan import ModelFacts, resolve_plan
@@ -80,6 +112,8 @@ def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype, n
 
     facts = ModelFacts.from_config(config, expert_dtype_bytes=torch.finfo(dtype).bits / 8,
                                    dense_dtype_bytes=torch.finfo(dtype).bits / 8)
+    if dense_bytes is not None:  # quantized linears kept native: the stored size, not a BF16 estimate
+        facts = replace(facts, dense_bytes=dense_bytes)
     if native_nvfp4:  # a slot and a bank row hold the expert's 4-bit bytes
         facts = replace(facts, expert_bytes=nvfp4_expert_row_bytes(config.hidden_size, config.moe.intermediate_size))
     return resolve_plan(get_profile().profile, facts, opts, device="cuda")

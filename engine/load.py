@@ -19,6 +19,7 @@ from .checkpoint import Checkpoint, TensorEntry
 from .config import FULL_ATTENTION, ModelConfig
 from .errors import CheckpointError, UnsupportedModelError
 from .quant.formats import GROUP, dequant_fp8, dequant_nvfp4
+from .quant.linear import QuantLinear
 from .quant.nvfp4_rows import pack_nvfp4_expert
 from .quant.scheme import BF16, NVFP4, QuantScheme, parse_quant_scheme
 
@@ -162,12 +163,14 @@ class _Reader:
 def load_weights(
     ckpt: Checkpoint, cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
     progress: ProgressFn | None = None, expert_sink: Callable[..., None] | None = None,
-    native_nvfp4: bool = False,
+    native_nvfp4: bool = False, native_linears: bool = False, linear_kernels: bool = False,
 ) -> dict[str, torch.Tensor]:
     """expert_sink(layer, gate_up, down): receives each layer's experts (on the CPU) instead of the returned
     dict, so an offloaded model streams them into its host bank without a second full copy.
     native_nvfp4: NVFP4 experts stay in their 4-bit bytes, one packed row per expert (quant/nvfp4_rows.py):
-    expert_sink(layer, rows [E, row_bytes]) or `layers.L.mlp.experts.nvfp4_rows` in the returned dict."""
+    expert_sink(layer, rows [E, row_bytes]) or `layers.L.mlp.experts.nvfp4_rows` in the returned dict.
+    native_linears: FP8/NVFP4 dense weights become QuantLinear layers holding the checkpoint's bytes on `device`
+    (linear_kernels: their decode GEMV runs in Triton) instead of tensors dequantized to `dtype`."""
     scheme = parse_quant_scheme(cfg.quantization)
     check_scheme_matches(ckpt, scheme)
     shapes = dense_shapes(cfg)
@@ -205,8 +208,11 @@ def load_weights(
         if progress:
             progress(done, total)
     for name, (fmt, group) in quantized.items():
-        # The CPU reference path dequantizes once at load (the GPU kernels read the native bytes).
-        out[name] = _dequant(reader, group, fmt, dtype).to(device)
+        if native_linears:
+            out[name] = QuantLinear(fmt, {k: reader.get(e).to(device) for k, e in group.items()}, dtype,
+                                    use_kernels=linear_kernels)
+        else:  # dequantized once at load (the CPU reference path)
+            out[name] = _dequant(reader, group, fmt, dtype).to(device)
         done += 1
         if progress:
             progress(done, total)

@@ -10,6 +10,7 @@ from .errors import OptionError
 PREFILL_MODES = ("auto", "chunked", "layer-major")
 OVERLAP_MODES = ("auto", "off", "copy-side", "shared-side")
 EXPERT_FORMATS = ("auto", "dense", "nvfp4")
+LINEAR_FORMATS = ("auto", "native", "dequantized")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -45,6 +46,9 @@ class EngineOptions:
     # NVFP4 experts: "nvfp4" keeps the checkpoint's 4-bit bytes in bank and slots (W4A16 kernels); "dense"
     # dequantizes them at load; "auto" = nvfp4 on a GPU with Triton, dense on the CPU.
     expert_format: str = "auto"
+    # FP8/NVFP4 dense linears (attention, GDN, shared expert, lm_head): "native" keeps the checkpoint's bytes on
+    # the device (W8A16/W4A16 GEMV in decode); "dequantized" expands them at load; "auto" = native on a GPU.
+    linear_format: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefill_chunk, int) or isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 1:
@@ -63,6 +67,8 @@ class EngineOptions:
             raise OptionError(f"prefill_window must be a positive number of tokens, got {self.prefill_window!r}")
         if self.expert_format not in EXPERT_FORMATS:
             raise OptionError(f"expert_format {self.expert_format!r} is not one of {', '.join(EXPERT_FORMATS)}")
+        if self.linear_format not in LINEAR_FORMATS:
+            raise OptionError(f"linear_format {self.linear_format!r} is not one of {', '.join(LINEAR_FORMATS)}")
         object.__setattr__(self, "vram_budget", parse_bytes(self.vram_budget, "vram_budget"))
 
     @classmethod

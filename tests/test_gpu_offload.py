@@ -93,15 +93,6 @@ def test_nvfp4_rows_offloaded_are_byte_equal_to_resident(graphs):
     assert offloaded.stats()["expert_misses"] > 180
 
 
-def test_nvfp4_rows_agree_with_the_dequantized_model_at_the_bf16_level():
-    ref = "synthetic:small-nvfp4"
-    native = build(ref, expert_format="nvfp4")
-    dense = build(ref, expert_format="dense")
-    ids = torch.randint(0, 600, (64 + 40,), generator=torch.Generator().manual_seed(23))
-    a, b = native.score(ids, prefill=64), dense.score(ids, prefill=64)
-    assert (a - b).norm() / b.norm() <= 2e-2
-
-
 def test_layer_major_over_nvfp4_rows_is_bitwise_chunked_on_gpu():
     ref = "synthetic:small-nvfp4"
     chunked = build(ref, expert_slots=SLOTS, prefill_mode="chunked")
@@ -111,3 +102,36 @@ def test_layer_major_over_nvfp4_rows_is_bitwise_chunked_on_gpu():
         engine.score(ids[:50], prefill=30)
     assert torch.equal(chunked.score(ids, prefill=4 * CHUNK + 37), layer_major.score(ids, prefill=4 * CHUNK + 37))
     assert torch.equal(chunked.model.cache.rows[:-1], layer_major.model.cache.rows[:-1])
+
+
+@pytest.fixture(scope="module")
+def small_nvfp4_ckpt(small_ckpt, tmp_path_factory):
+    from qwenlocal.engine.quant.convert import quantize_checkpoint
+
+    return quantize_checkpoint(small_ckpt, tmp_path_factory.mktemp("small-nvfp4"))
+
+
+def test_real_nvfp4_checkpoint_native_on_gpu_graph_equals_eager_and_matches_dequantized(small_nvfp4_ckpt):
+    """The mixed checkpoint as a 16 GB card runs it: NVFP4 expert rows offloaded, FP8/NVFP4 linears native
+    (W8A16/W4A16 GEMV in the decode graph). Graph == eager byte for byte; native vs all-dequantized at the
+    bf16 level."""
+    ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(25))
+    graph = build(small_nvfp4_ckpt, expert_slots=SLOTS)
+    eager = build(small_nvfp4_ckpt, expert_slots=SLOTS, cuda_graphs=False)
+    assert graph.plan["experts"]["value"].startswith("nvfp4") and graph.plan["linears"]["value"].startswith("native")
+    a = graph.score(ids, prefill=64)
+    assert torch.isfinite(a).all() and torch.equal(a, eager.score(ids, prefill=64))
+    dense = build(small_nvfp4_ckpt, expert_slots=SLOTS, expert_format="dense", linear_format="dequantized")
+    _assert_bf16_level(a, dense.score(ids, prefill=64), Engine.from_pretrained(small_nvfp4_ckpt, device="cpu"), ids)
+
+
+def _assert_bf16_level(native, dense, cpu_fp32, ids):
+    """Native 4/8-bit kernels are as close to the float32 CPU reference as the dequantized bf16 run is (random
+    small models amplify bf16 rounding through routing flips: docs/RESULTS.md), and within 2e-2 when that
+    level is small."""
+    ref = cpu_fp32.score(ids, prefill=64)
+
+    def rel(x):
+        return float((x - ref).norm() / ref.norm())
+
+    assert rel(native) <= max(2e-2, 1.5 * rel(dense)), (rel(native), rel(dense))

@@ -99,3 +99,45 @@ def test_nvfp4_format_on_bf16_experts_is_a_clear_error(tiny_ckpt):
         _engine(tiny_ckpt, expert_format="int4")
     # auto on the CPU dequantizes at load (the reference path).
     assert _engine(tiny_ckpt).plan["experts"]["value"] == "dense"
+
+
+def test_native_fp8_and_nvfp4_linears_equal_the_dequantized_weights_on_the_cpu(nvfp4_ckpt):
+    """Dense FP8/NVFP4 weights kept in their bytes (QuantLinear): without the GPU kernels every call
+    dequantizes exactly as loading would, so the logits are byte-equal; the device holds fewer bytes."""
+    from qwenlocal.engine.quant.linear import QuantLinear
+
+    native = _engine(nvfp4_ckpt, linear_format="native")
+    dense = _engine(nvfp4_ckpt, linear_format="dequantized")
+    assert isinstance(native.model.lm_head_w, QuantLinear) and native.model.lm_head_w.fmt == "nvfp4"
+    attn = next(layer.mixer for layer in native.model.layers if layer.is_attention)
+    assert isinstance(attn.q_proj, QuantLinear) and attn.q_proj.fmt == "fp8"
+    assert native.plan["linears"]["value"].startswith("native") and dense.plan["linears"]["value"] == "dense"
+    assert native.placement()["dense_weights"] < dense.placement()["dense_weights"]
+    ids = torch.randint(0, 600, (33 + 25,), generator=torch.Generator().manual_seed(6))
+    assert torch.equal(native.score(ids, prefill=33), dense.score(ids, prefill=33))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_quant_linear_gemv_and_blocked_prefill_match_the_dequantized_matmul(fmt, monkeypatch):
+    """The decode GEMV kernels (Triton's interpreter here) and the row-blocked prefill path vs one matmul."""
+    from qwenlocal.engine.quant import linear as ql
+    from qwenlocal.engine.quant.formats import quantize_fp8
+
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(100, 96, generator=gen)
+    if fmt == "fp8":
+        q, s = quantize_fp8(w)
+        tensors = {"weight": q, "weight_scale": s}
+    else:
+        p, s, s2 = quantize_nvfp4(w)
+        tensors = {"weight": p, "weight_scale": s, "weight_scale_2": s2}
+    lin = ql.QuantLinear(fmt, tensors, torch.float32, use_kernels=True)
+    ref_w = lin.dequantize()
+    x1 = torch.randn(1, 96, generator=gen)
+    y1 = lin(x1)
+    assert (y1 - x1 @ ref_w.T).abs().max() <= 1e-4 * (x1 @ ref_w.T).abs().max()
+    monkeypatch.setattr(ql, "BLOCK_BYTES", 96 * 4 * 7)  # 7 rows per block: 15 blocks, the last one short
+    blocked = ql.QuantLinear(fmt, tensors, torch.float32, use_kernels=True)
+    x = torch.randn(5, 3, 96, generator=gen)
+    assert blocked.block_rows == 7
+    assert torch.allclose(blocked(x), x @ ref_w.T, rtol=1e-5, atol=1e-5)

@@ -6,11 +6,11 @@ q/k get a zero-centred RMSNorm per head, then partial NeoX RoPE; GQA; output * s
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..config import ModelConfig
 from .cache import SequenceState
 from .ops import apply_partial_rope, rms_norm_zero_centered, rope_cos_sin
+from ..quant.linear import linear
 
 
 class GatedAttention:
@@ -23,12 +23,12 @@ class GatedAttention:
     def forward(self, x: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int,
                 decode: bool) -> torch.Tensor:
         a, t = self.cfg, x.shape[0]
-        qg = F.linear(x, self.q_proj).view(t, a.num_heads, 2 * a.head_dim)
+        qg = linear(x, self.q_proj).view(t, a.num_heads, 2 * a.head_dim)
         q, gate = qg[..., : a.head_dim], qg[..., a.head_dim:].reshape(t, -1)
         q = rms_norm_zero_centered(q, self.q_norm, self.eps)
-        k = rms_norm_zero_centered(F.linear(x, self.k_proj).view(t, a.num_kv_heads, a.head_dim), self.k_norm, self.eps)
-        v = F.linear(x, self.v_proj).view(t, a.num_kv_heads, a.head_dim)
+        k = rms_norm_zero_centered(linear(x, self.k_proj).view(t, a.num_kv_heads, a.head_dim), self.k_norm, self.eps)
+        v = linear(x, self.v_proj).view(t, a.num_kv_heads, a.head_dim)
         cos, sin = rope_cos_sin(positions, a.rotary_dim, a.rope_theta, x.dtype)
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
         out = self.backend.attend(state.kv[self.layer], q, k, v, positions, start, decode).reshape(t, -1)
-        return F.linear(out * torch.sigmoid(gate), self.o_proj)
+        return linear(out * torch.sigmoid(gate), self.o_proj)

@@ -13,6 +13,7 @@ from ..config import ModelConfig
 from ..kernels.gdn_torch import causal_conv1d
 from .cache import SequenceState
 from .ops import rms_norm_gated
+from ..quant.linear import linear
 
 
 class GatedDeltaNet:
@@ -29,17 +30,17 @@ class GatedDeltaNet:
     def forward(self, x: torch.Tensor, state: SequenceState, decode: bool) -> torch.Tensor:
         c, t = self.cfg, x.shape[0]
         conv_state = state.conv[self.layer]
-        mixed, new_conv = causal_conv1d(F.linear(x, self.in_proj_qkv).transpose(0, 1), self.conv_w, conv_state)
+        mixed, new_conv = causal_conv1d(linear(x, self.in_proj_qkv).transpose(0, 1), self.conv_w, conv_state)
         conv_state.copy_(new_conv)
         q, k, v = torch.split(mixed.transpose(0, 1), [c.key_dim, c.key_dim, c.value_dim], dim=-1)
         q = q.reshape(t, c.num_key_heads, c.key_head_dim)
         k = k.reshape(t, c.num_key_heads, c.key_head_dim)
         v = v.reshape(t, c.num_value_heads, c.value_head_dim)
-        beta = torch.sigmoid(F.linear(x, self.in_proj_b)).float()
-        g = self.neg_a * F.softplus(F.linear(x, self.in_proj_a).float() + self.dt_bias)
+        beta = torch.sigmoid(linear(x, self.in_proj_b)).float()
+        g = self.neg_a * F.softplus(linear(x, self.in_proj_a).float() + self.dt_bias)
         rec = state.recurrent[self.layer]
         out, new_rec = self.kernels.gdn(q, k, v, g, beta, rec, decode)
         rec.copy_(new_rec)
-        z = F.linear(x, self.in_proj_z).view(t, c.num_value_heads, c.value_head_dim)
+        z = linear(x, self.in_proj_z).view(t, c.num_value_heads, c.value_head_dim)
         out = rms_norm_gated(out.to(x.dtype), z, self.norm_w, self.eps).reshape(t, -1)
-        return F.linear(out, self.out_proj)
+        return linear(out, self.out_proj)

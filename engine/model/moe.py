@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 from ..quant.nvfp4_rows import dequant_expert_rows
 from .ops import swiglu
+from ..quant.linear import linear
 
 
 def route(x: torch.Tensor, router_w: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,7 +98,7 @@ class SparseMoE:
         self.shared_gate = w[p + "shared_expert_gate.weight"]
 
     def shared_expert(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(F.linear(x, self.shared_gate)) * swiglu(x, *self.shared)
+        return torch.sigmoid(linear(x, self.shared_gate)) * swiglu(x, *self.shared)
 
     def forward(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         weights, ids = route(x, self.router_w, self.top_k)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..quant.linear import linear
+
 
 def rms_norm_zero_centered(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Gemma-style RMSNorm: norm in fp32, scaled by (1 + w), cast back (as transformers' Qwen3_5MoeRMSNorm)."""
@@ -40,4 +42,4 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 
 def swiglu(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(x, gate_w)) * F.linear(x, up_w), down_w)
+    return linear(F.silu(linear(x, gate_w)) * linear(x, up_w), down_w)

@@ -15,6 +15,7 @@ from .gdn import GatedDeltaNet
 from ..offload.overlap import DecodeOverlap
 from .moe import ResidentExperts, SparseMoE
 from .ops import rms_norm_zero_centered
+from ..quant.linear import linear
 
 
 class DecoderLayer:
@@ -84,4 +85,4 @@ class Qwen35MoeModel:
         return rms_norm_zero_centered(x, self.norm, self.cfg.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head_w).float()
+        return linear(hidden, self.lm_head_w).float()
