@@ -123,8 +123,9 @@ def test_quant_linear_gemv_and_blocked_prefill_match_the_dequantized_matmul(fmt,
     from qwenlocal.engine.quant import linear as ql
     from qwenlocal.engine.quant.formats import quantize_fp8
 
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels need CUDA tensors, or the interpreter
     gen = torch.Generator().manual_seed(7)
-    w = torch.randn(100, 96, generator=gen)
+    w = torch.randn(100, 96, generator=gen).to(dev)
     if fmt == "fp8":
         q, s = quantize_fp8(w)
         tensors = {"weight": q, "weight_scale": s}
@@ -133,11 +134,11 @@ def test_quant_linear_gemv_and_blocked_prefill_match_the_dequantized_matmul(fmt,
         tensors = {"weight": p, "weight_scale": s, "weight_scale_2": s2}
     lin = ql.QuantLinear(fmt, tensors, torch.float32, use_kernels=True)
     ref_w = lin.dequantize()
-    x1 = torch.randn(1, 96, generator=gen)
+    x1 = torch.randn(1, 96, generator=gen).to(dev)
     y1 = lin(x1)
     assert (y1 - x1 @ ref_w.T).abs().max() <= 1e-4 * (x1 @ ref_w.T).abs().max()
     monkeypatch.setattr(ql, "BLOCK_BYTES", 96 * 4 * 7)  # 7 rows per block: 15 blocks, the last one short
     blocked = ql.QuantLinear(fmt, tensors, torch.float32, use_kernels=True)
-    x = torch.randn(5, 3, 96, generator=gen)
+    x = torch.randn(5, 3, 96, generator=gen).to(dev)
     assert blocked.block_rows == 7
     assert torch.allclose(blocked(x), x @ ref_w.T, rtol=1e-5, atol=1e-5)
