@@ -77,7 +77,7 @@ class Engine:
         self.eos_ids = eos_ids
         self.max_context = max_context
         self.runner = Runner(model, options.prefill_chunk, max_context, options.cuda_graphs,
-                             options.prefill_mode, options.prefill_window)
+                             options.prefill_mode, options.prefill_window, options.slot_prefill_tokens)
         self._busy = threading.Lock()
         self.machine_plan = None  # the probe-based plan on a GPU (slots, context, bank) or None on the CPU
         self._placed: dict = {}

@@ -49,6 +49,9 @@ class EngineOptions:
     # FP8/NVFP4 dense linears (attention, GDN, shared expert, lm_head): "native" keeps the checkpoint's bytes on
     # the device (W8A16/W4A16 GEMV in decode); "dequantized" expands them at load; "auto" = native on a GPU.
     linear_format: str = "auto"
+    # Offloaded experts: a prompt of at most this many new tokens prefills through the slot cache (only its
+    # missing experts cross PCIe) instead of streaming every layer's bank; 0 always streams.
+    slot_prefill_tokens: int = 64
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefill_chunk, int) or isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 1:
@@ -67,6 +70,8 @@ class EngineOptions:
             raise OptionError(f"prefill_window must be a positive number of tokens, got {self.prefill_window!r}")
         if self.expert_format not in EXPERT_FORMATS:
             raise OptionError(f"expert_format {self.expert_format!r} is not one of {', '.join(EXPERT_FORMATS)}")
+        if not isinstance(self.slot_prefill_tokens, int) or self.slot_prefill_tokens < 0:
+            raise OptionError(f"slot_prefill_tokens must be a number of tokens >= 0, got {self.slot_prefill_tokens!r}")
         if self.linear_format not in LINEAR_FORMATS:
             raise OptionError(f"linear_format {self.linear_format!r} is not one of {', '.join(LINEAR_FORMATS)}")
         object.__setattr__(self, "vram_budget", parse_bytes(self.vram_budget, "vram_budget"))

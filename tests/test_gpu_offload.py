@@ -135,3 +135,14 @@ def _assert_bf16_level(native, dense, cpu_fp32, ids):
         return float((x - ref).norm() / ref.norm())
 
     assert rel(native) <= max(2e-2, 1.5 * rel(dense)), (rel(native), rel(dense))
+
+
+@pytest.mark.parametrize("ref", ["small", "synthetic:small-nvfp4"])
+def test_short_prompt_through_slots_equals_streaming_on_gpu(small_ckpt, ref):
+    """A short prompt prefilled through the slot cache (its missing experts only) == streamed whole banks."""
+    model = small_ckpt if ref == "small" else ref
+    through = build(model, expert_slots=SLOTS + 40)
+    streamed = build(model, expert_slots=SLOTS + 40, slot_prefill_tokens=0)
+    ids = torch.randint(0, 600, (12 + 40,), generator=torch.Generator().manual_seed(26))
+    assert torch.equal(through.score(ids, prefill=12), streamed.score(ids, prefill=12))
+    assert through.stats()["prefills_through_slots"] == 1 and through.stats()["prefill_stream_bytes"] == 0

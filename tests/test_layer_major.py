@@ -89,7 +89,8 @@ def test_score_with_decode_tail_is_bitwise_equal(tiny_ckpt):
 def test_short_prompts_stay_chunked_and_auto_follows_offload(tiny_ckpt):
     _, layer_major = engines(tiny_ckpt)
     layer_major.runner.prefill(layer_major.runner.new_state(), torch.arange(CHUNK))
-    assert layer_major.runner.counters == {"prefills_chunked": 1, "prefills_layer_major": 0, "layer_major_windows": 0}
+    assert layer_major.runner.counters == {"prefills_chunked": 1, "prefills_layer_major": 0, "layer_major_windows": 0,
+                                           "prefills_through_slots": 1}  # 64 tokens: through the slot cache
     auto_offloaded = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"expert_slots": 20})
     auto_resident = Engine.from_pretrained(tiny_ckpt, device="cpu")
     assert auto_offloaded.runner.layer_major and not auto_resident.runner.layer_major

@@ -144,3 +144,43 @@ def test_zero_copy_gather_kernel_matches_reference():
     for s, d in [(7, 8), (3, 0), (29, 4)]:
         assert torch.equal(rows[d].cpu(), bank[s])
     assert torch.isnan(rows[2]).all()  # beyond the device-side count: untouched
+
+
+def test_short_prefill_through_slots_matches_the_lru_model_and_moves_fewer_bytes(tiny_ckpt):
+    """ensure_many (a short prompt's distinct experts at once) interleaved with ensure (decode steps) keeps the
+    slot map equal to the plain-Python LRU; a short prompt through the slots gives the streamed bytes exactly,
+    while only its missing experts cross PCIe."""
+    cfg = small_cfg(experts=12, top_k=3, layers=2)
+    e = cfg.moe.num_experts
+    bank = HostExpertBank(cfg, torch.float32, pin=False)
+    bank.rows.copy_(torch.arange(bank.rows.shape[0], dtype=torch.float32)[:, None].expand_as(bank.rows))
+    cache, model = ExpertSlotCache(cfg, bank, 9, torch.device("cpu")), LruModel(9)
+    gen = torch.Generator().manual_seed(4)
+    for step in range(120):
+        layer = step % 2
+        if step % 3 == 0:  # a short prefill: several tokens at once
+            ids = torch.stack([torch.randperm(e, generator=gen)[:3] for _ in range(3)])
+            found = cache.ensure_many(layer, ids)
+            distinct = sorted(set(ids.flatten().tolist()))
+            if len(distinct) > 9:
+                assert found is None
+                continue
+            slots, plan = found
+            expected = dict(zip(distinct, model.step([layer * e + x for x in distinct])))
+            assert slots.tolist() == [[expected[int(x)] for x in row] for row in ids]
+        else:
+            ids = torch.randperm(e, generator=gen)[:3][None]
+            slots, plan = cache.ensure(layer, ids)
+            assert slots[0].tolist() == model.step([layer * e + int(x) for x in ids[0]])
+        cache.copy_missing(plan)
+        for key, slot in model.lru.items():
+            assert int(cache.slot_map[key]) == slot and torch.equal(cache.rows[slot], bank.rows[key])
+
+    streamed = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"expert_slots": 40, "slot_prefill_tokens": 0})
+    through = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"expert_slots": 40})
+    ids = torch.randint(0, 600, (9 + 20,), generator=torch.Generator().manual_seed(8))
+    assert torch.equal(through.score(ids, prefill=9), streamed.score(ids, prefill=9))
+    a, b = through.stats(), streamed.stats()
+    assert a["prefills_through_slots"] == 1 and b["prefills_through_slots"] == 0
+    assert a["prefill_stream_bytes"] == 0 and b["prefill_stream_bytes"] > 0
+    assert a["h2d_bytes"] < b["h2d_bytes"]  # the prompt's misses, not every layer's bank

@@ -22,15 +22,19 @@ def route(x: torch.Tensor, router_w: torch.Tensor, top_k: int) -> tuple[torch.Te
 def routed_experts_reference(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
 ) -> torch.Tensor:
-    """Loop over the experts that were hit. gate_up [E, 2I, H] (gate rows first), down [E, H, I]."""
-    out = torch.zeros_like(x)
+    """Loop over the experts that were hit. gate_up [E, 2I, H] (gate rows first), down [E, H, I]. Each token's
+    k outputs are summed in top-k order (as the Triton kernel does), so the bytes do not depend on how the
+    experts are numbered: by expert id (resident) or by cache slot (a short prefill through the slots)."""
     inter = down.shape[-1]
+    pair_out = torch.zeros(x.shape[0], ids.shape[1], x.shape[1], dtype=x.dtype, device=x.device)
     for e in torch.unique(ids).tolist():
         tok, slot = torch.where(ids == e)
         h = F.linear(x[tok], gate_up[e])
         h = F.silu(h[:, :inter]) * h[:, inter:]
-        y = F.linear(h, down[e]) * weights[tok, slot, None]
-        out.index_add_(0, tok, y.to(out.dtype))
+        pair_out[tok, slot] = (F.linear(h, down[e]) * weights[tok, slot, None]).to(x.dtype)
+    out = pair_out[:, 0].clone()
+    for j in range(1, ids.shape[1]):
+        out += pair_out[:, j]
     return out
 
 
@@ -80,8 +84,8 @@ class ResidentExperts:
     def for_decode(self, ids: torch.Tensor):
         return ids, self.weights, _nothing_to_copy
 
-    def for_prefill(self):
-        return self.weights
+    def for_prefill(self, ids: torch.Tensor):
+        return ids, self.weights
 
     def release_prefill(self) -> None:
         pass
@@ -111,6 +115,7 @@ class SparseMoE:
             kernel = self.kernels.experts_decode_nvfp4 if nvfp4 else self.kernels.experts_decode
             return kernel(x, weights, ids, *expert_weights) + shared
         kernel = self.kernels.experts_prefill_nvfp4 if nvfp4 else self.kernels.experts_prefill
-        routed = kernel(x, weights, ids, *self.experts.for_prefill())
+        ids, expert_weights = self.experts.for_prefill(ids)
+        routed = kernel(x, weights, ids, *expert_weights)
         self.experts.release_prefill()
         return routed + self.shared_expert(x)

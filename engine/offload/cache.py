@@ -3,7 +3,7 @@
 Device-side bookkeeping (all fixed shapes, no host sync, so a decode step can be captured in a CUDA graph):
   slot_map  [L*E + 1]  (layer, expert) -> slot or -1; the last entry is a scratch target for masked writes
   slot_key  [N + 1]    slot -> layer*E + expert or -1; the last entry is scratch
-  stamps    [N]        last use; unique (clock * k + position), free slots start lowest, so ties never arise
+  stamps    [N]        last use; unique (clock * (N + 1) + position), free slots start lowest: no ties
 One writer: `ensure` (on the compute stream) is the only code that changes the maps. It writes a fixed-size
 miss plan (src expert rows, dst slots, misses first) and a device-side miss count that `copy_missing` reads.
 """
@@ -54,6 +54,7 @@ class ExpertSlotCache:
         self._copy = dedicated_stream(device) if on_gpu else None
         self._copy_done = [torch.cuda.Event() for _ in range(2)] if on_gpu else []
         self._buffer_free = [torch.cuda.Event() for _ in range(2)] if on_gpu else []
+        self.prefill_through_slots = False  # set by the runner for a short prompt (experts/for_prefill)
         self.stream_bytes = 0  # bytes the prefill streaming moved (host -> GPU on a GPU)
         self.stream_copies = 0
         # Layer-major prefill parks activations in the slots' bytes and refills them after (offload/parking.py).
@@ -61,8 +62,25 @@ class ExpertSlotCache:
         self.parking_refill_bytes = 0
 
     def ensure(self, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, MissPlan]:
-        """ids [1, k] expert ids of one token -> (slot ids [1, k], the miss plan). Updates the LRU state."""
-        e = ids.reshape(-1)
+        """ids [1, k] expert ids of one token -> (slot ids [1, k], the miss plan). Updates the LRU state.
+        Fixed shapes, no host sync: the decode graph captures it."""
+        final, plan = self._ensure(layer, ids.reshape(-1), self._positions)
+        return final.reshape(ids.shape), plan
+
+    def ensure_many(self, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, MissPlan] | None:
+        """A short prefill through the slots: ids [T, k] -> (slot ids [T, k], the plan for its distinct
+        experts), or None when they outnumber the slots (the caller streams the layer instead). One host sync
+        (the distinct count); prefill is never captured."""
+        distinct, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+        if distinct.numel() > self.num_slots:
+            return None
+        positions = torch.arange(distinct.numel(), device=self.device)
+        final, plan = self._ensure(layer, distinct, positions)
+        return final[inverse].reshape(ids.shape), plan
+
+    def _ensure(self, layer: int, e: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, MissPlan]:
+        """e [n] distinct expert ids, n <= num_slots -> (their slots [n], the miss plan)."""
+        n = e.shape[0]
         key = layer * self.num_experts + e
         slot = self.slot_map[key]
         hit = slot >= 0
@@ -72,7 +90,7 @@ class ExpertSlotCache:
         protect.index_add_(0, slot.clamp(min=0), hit.long())
         big = torch.iinfo(torch.long).max
         candidates = torch.where(protect > 0, torch.full_like(self.stamps, big), self.stamps)
-        victims = torch.topk(candidates, self.top_k, largest=False, sorted=True).indices
+        victims = torch.topk(candidates, n, largest=False, sorted=True).indices
         rank = torch.cumsum(miss.long(), 0) - 1
         new_slot = victims[rank.clamp(min=0)]
         final = torch.where(hit, slot, new_slot)
@@ -83,13 +101,14 @@ class ExpertSlotCache:
         self.slot_map.index_put_((torch.where(miss, key, self._scratch_key),), new_slot)
         self.slot_key.index_put_((torch.where(miss, new_slot, self.num_slots),), key)
         self.clock += 1
-        self.stamps.index_put_((final,), self.clock * self.top_k + self._positions)
+        # Unique stamps: a stride larger than any n, so a later call always stamps above an earlier one.
+        self.stamps.index_put_((final,), self.clock * (self.num_slots + 1) + positions)
         order = torch.argsort(hit.long(), stable=True)  # misses (0) first, in id order
         count = miss.sum().reshape(1)
         self.hits += hit.sum()
         self.misses += count
         plan = MissPlan(key[order], torch.where(miss[order], new_slot[order], self.num_slots), count)
-        return final.reshape(ids.shape), plan
+        return final, plan
 
     def copy_missing(self, plan: MissPlan) -> None:
         """Bring the planned experts from the bank into their slots."""

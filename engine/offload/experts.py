@@ -19,8 +19,19 @@ class OffloadedExperts:
         copy.inputs = (plan.src, plan.dst, plan.count)  # read on the side stream when the copy is forked
         return slots, self.cache.decode_weights, copy
 
-    def for_prefill(self):
-        return self.cache.stream_layer(self.layer)
+    def for_prefill(self, ids: torch.Tensor):
+        """-> (ids as the kernel indexes them, its weights). A short prompt (the runner says so) goes through
+        the slots: only its missing experts cross PCIe, not the layer's whole bank."""
+        self._streamed = False
+        if self.cache.prefill_through_slots:
+            found = self.cache.ensure_many(self.layer, ids)
+            if found is not None:
+                slots, plan = found
+                self.cache.copy_missing(plan)
+                return slots, self.cache.decode_weights
+        self._streamed = True
+        return ids, self.cache.stream_layer(self.layer)
 
     def release_prefill(self) -> None:
-        self.cache.release_layer(self.layer)
+        if self._streamed:
+            self.cache.release_layer(self.layer)

@@ -20,14 +20,16 @@ from .layer_major import layer_major_prefill
 
 class Runner:
     def __init__(self, model: Qwen35MoeModel, prefill_chunk: int, max_context: int, cuda_graphs: bool,
-                 prefill_mode: str = "chunked", prefill_window: int | None = None):
+                 prefill_mode: str = "chunked", prefill_window: int | None = None, slot_prefill_tokens: int = 0):
         self.model = model
         self.prefill_chunk = prefill_chunk
         self.max_context = max_context
         # "layer-major" pays when each layer's bank must cross PCIe: offloaded experts ("auto" decides so).
         self.layer_major = prefill_mode == "layer-major" or (prefill_mode == "auto" and model.cache is not None)
         self.prefill_window = prefill_window
-        self.counters = {"prefills_chunked": 0, "prefills_layer_major": 0, "layer_major_windows": 0}
+        self.slot_prefill_tokens = slot_prefill_tokens if model.cache is not None else 0
+        self.counters = {"prefills_chunked": 0, "prefills_layer_major": 0, "layer_major_windows": 0,
+                         "prefills_through_slots": 0}
         self.use_graph = cuda_graphs and model.device.type == "cuda" and model.kernels.graph_safe
         self._state: SequenceState | None = None
         self._graph: DecodeGraph | None = None
@@ -80,12 +82,20 @@ class Runner:
             return logits
         self.counters["prefills_chunked"] += 1
         outputs = []
-        for start in range(0, ids.shape[0], self.prefill_chunk):
-            if cancel is not None and cancel.is_set():
-                raise GenerationCancelled("prefill cancelled")
-            hidden = self._forward(state, ids[start:start + self.prefill_chunk], decode=False)
-            if all_logits:
-                outputs.append(self.model.logits(hidden))
+        short = 0 < ids.shape[0] <= self.slot_prefill_tokens
+        if short:  # only this prompt's missing experts cross PCIe (the decode path's slots), not every bank
+            self.counters["prefills_through_slots"] += 1
+            self.model.cache.prefill_through_slots = True
+        try:
+            for start in range(0, ids.shape[0], self.prefill_chunk):
+                if cancel is not None and cancel.is_set():
+                    raise GenerationCancelled("prefill cancelled")
+                hidden = self._forward(state, ids[start:start + self.prefill_chunk], decode=False)
+                if all_logits:
+                    outputs.append(self.model.logits(hidden))
+        finally:
+            if short:
+                self.model.cache.prefill_through_slots = False
         if all_logits:
             return torch.cat(outputs)
         return self.model.logits(hidden[-1:])
