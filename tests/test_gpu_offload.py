@@ -54,8 +54,10 @@ def _same_state(a, b):
 
 @pytest.mark.parametrize("length, window", [(4 * CHUNK, None), (4 * CHUNK + 37, None), (4 * CHUNK + 37, 2 * CHUNK)])
 def test_layer_major_is_bitwise_chunked_on_gpu(small_ckpt, length, window):
-    chunked = build(small_ckpt, expert_slots=SLOTS, prefill_mode="chunked", prefill_window=window)
-    layer_major = build(small_ckpt, expert_slots=SLOTS, prefill_mode="layer-major", prefill_window=window)
+    # slot_prefill_tokens=0: the 30-token warm-up streams too, so the bank-copy counts below are exact.
+    chunked = build(small_ckpt, expert_slots=SLOTS, prefill_mode="chunked", prefill_window=window, slot_prefill_tokens=0)
+    layer_major = build(small_ckpt, expert_slots=SLOTS, prefill_mode="layer-major", prefill_window=window,
+                        slot_prefill_tokens=0)
     warm = torch.randint(0, 600, (30 + 20,), generator=torch.Generator().manual_seed(5))
     for engine in (chunked, layer_major):  # fill the slot cache first, so a prefill that disturbed it would show
         engine.score(warm, prefill=30)
