@@ -295,7 +295,7 @@ class Engine:
         cache = self.model.cache
         if cache is not None:
             out["expert_slots"] = cache.rows.numel() * cache.rows.element_size()
-            out["prefill_stream_buffers"] = cache.stream_rows.numel() * cache.stream_rows.element_size()
+            out["prefill_stream_buffers"] = cache.stream_buffer_bytes  # 0: they borrow slots during a prefill
         a, lin, cfg = self.config.attention, self.config.linear, self.config
         itemsize = torch.finfo(self.model.dtype).bits // 8
         out["kv_cache_at_limit"] = (len(cfg.full_attention_layers) * self.max_context * 2 * a.num_kv_heads

@@ -36,6 +36,9 @@ MIB = 2**20
 VRAM_MARGIN = 256 * MIB  # kept free when the budget comes from free VRAM (allocator slack, other processes)
 WORKSPACE_BASE = 768 * MIB  # activations, CUDA graphs, kernel workspaces (an estimate, not a measurement)
 WORKSPACE_PER_CHUNK_TOKEN = 128 * 1024  # prefill activations grow with the chunk
+# With at least this many layers' worth of expert slots, prefill's two stream buffers borrow slots (lent for
+# the prefill, refilled after) instead of taking VRAM of their own (offload/cache.py).
+BORROW_STREAM_MIN_LAYERS = 3
 KV_SHARE = 3  # auto context: the KV cache takes at most 1/KV_SHARE of the VRAM left after dense + workspace
 MIN_AUTO_CONTEXT = 4096
 MICROBENCH_MIN_GAIN = 0.01  # a split must beat serial by 1 % in the micro-bench to be chosen
@@ -341,8 +344,10 @@ def _vram(profile, model: ModelFacts, opts: EngineOptions, chunk: int, d: _Decis
     kv = ctx * model.kv_bytes_per_token
     room = budget - fixed - kv
     stream = 0
-    if max(0, room) // model.expert_bytes < model.total_experts:
-        # Offloaded: prefill streams whole layers through two device buffers (one computes, one fills).
+    fit_all = max(0, room) // model.expert_bytes
+    if fit_all < model.total_experts and fit_all < BORROW_STREAM_MIN_LAYERS * model.num_experts:
+        # Offloaded with few slots: prefill's two whole-layer stream buffers need VRAM of their own (with
+        # more slots they borrow slots during a prefill).
         stream = 2 * layer
         room -= stream
     fit = max(0, room) // model.expert_bytes

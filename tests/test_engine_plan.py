@@ -1,8 +1,10 @@
 """The GPU engine follows the machine plan: offload with the plan's slot count when the experts do not fit
 the VRAM budget, the plan's context when none was asked; user values stay."""
+import pytest
 import torch
 
 from qwenlocal.engine.api import apply_plan
+from qwenlocal.engine.errors import ResourceError
 from qwenlocal.engine.options import EngineOptions
 from qwenlocal.engine.plan import ModelFacts, resolve_plan
 from qwenlocal.engine.probe import fake
@@ -65,5 +67,11 @@ def test_machine_plan_reads_the_cached_probe(monkeypatch, tmp_path):
     monkeypatch.setattr(cache, "get_profile", fake_get_profile)
     plan = api.machine_plan(CFG, EngineOptions(vram_budget="16GiB"), torch.bfloat16)
     assert calls == ["quick"] and not plan.all_resident and plan.slots > 0
-    assert plan.vram.fixed + plan.vram.slots <= plan.vram.budget  # stream buffers included
-    assert plan.vram.stream == 2 * 256 * FACTS.expert_bytes
+    assert plan.vram.fixed + plan.vram.slots <= plan.vram.budget
+    # 16 GiB leaves more than 3 layers of BF16 slots: prefill's stream buffers borrow slots, no VRAM of their own.
+    assert plan.slots >= 3 * 256 and plan.vram.stream == 0
+    tight = api.machine_plan(CFG, EngineOptions(vram_budget="12GiB"), torch.bfloat16)
+    assert 3 * 256 <= tight.slots < plan.slots and tight.vram.stream == 0
+    # Below three layers of slots the stream buffers would need VRAM of their own, and that does not fit.
+    with pytest.raises(ResourceError, match="two prefill stream buffers"):
+        api.machine_plan(CFG, EngineOptions(vram_budget="11GiB"), torch.bfloat16)

@@ -4,7 +4,6 @@ copy per layer per window instead of one per chunk; conversation reuse; cancella
 parked in borrowed expert slots: a warm slot cache comes back byte-identical (refilled from the bank), too
 few slots split the prompt into windows by themselves, and a cancel still gives the slots back."""
 import threading
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -172,16 +171,20 @@ def test_parking_views_any_dtype_over_the_rows(tiny_ckpt):
     assert parking.slots == 0 and not cache.rows[:-1].any()  # never-used slots read as zeros again
     with pytest.raises(ValueError):
         parking.borrow(parking.capacity_tokens(64, torch.float32) + 1, 64, torch.float32)
-    # Quantized (uint8) rows lend their bytes the same way, and refill from a uint8 bank.
-    bank = torch.randint(0, 255, (8, 96), dtype=torch.uint8)
-    fake = SimpleNamespace(rows=torch.zeros(3, 96, dtype=torch.uint8), num_slots=2,
-                           slot_key=torch.tensor([5, -1, -1]), bank=SimpleNamespace(rows=bank))
-    parking = SlotParking(fake)
-    assert parking.capacity_tokens(8, torch.bfloat16) == 12
+    # Quantized (uint8, NVFP4) rows lend their bytes the same way, and refill from a uint8 bank.
+    from qwenlocal.engine.offload.bank import HostExpertBank
+    from qwenlocal.engine.offload.cache import ExpertSlotCache
+
+    bank = HostExpertBank(layer_major.config, torch.float32, pin=False, fmt="nvfp4")
+    bank.rows.copy_(torch.randint(0, 255, bank.rows.shape, dtype=torch.uint8))
+    cache8 = ExpertSlotCache(layer_major.config, bank, 4, torch.device("cpu"))
+    cache8.slot_key[0] = 5
+    parking = SlotParking(cache8)
+    assert parking.capacity_tokens(8, torch.bfloat16) == 4 * bank.row_bytes // 16
     parking.borrow(12, 8, torch.bfloat16).fill_(3.0)
     parking.give_back()
-    assert torch.equal(fake.rows[0], bank[5]) and not fake.rows[1:].any()
-    assert parking.refill_bytes == 96 and fake.parking_borrowed_bytes == 192
+    assert torch.equal(cache8.rows[0], bank.rows[5]) and not cache8.rows[1:].any()
+    assert parking.refill_bytes == bank.row_bytes and cache8.parking_borrowed_bytes == bank.row_bytes
 
 
 def test_few_slots_split_the_prompt_into_windows_by_themselves(tiny_ckpt):

@@ -184,3 +184,23 @@ def test_short_prefill_through_slots_matches_the_lru_model_and_moves_fewer_bytes
     assert a["prefills_through_slots"] == 1 and b["prefills_through_slots"] == 0
     assert a["prefill_stream_bytes"] == 0 and b["prefill_stream_bytes"] > 0
     assert a["h2d_bytes"] < b["h2d_bytes"]  # the prompt's misses, not every layer's bank
+
+
+def test_stream_buffers_borrow_slots_and_give_them_back_refilled(tiny_ckpt):
+    """With >= 3 layers of slots, prefill's two stream buffers are the trailing 2 x E slots, lent for the prompt
+    and refilled from the bank after it; fewer slots keep a dedicated allocation. Same logits either way."""
+    e = Engine.from_pretrained(tiny_ckpt, device="cpu").config.moe.num_experts
+    opts = {"prefill_chunk": 16, "slot_prefill_tokens": 0}
+    lent = Engine.from_pretrained(tiny_ckpt, device="cpu", options={**opts, "expert_slots": 3 * e})
+    own = Engine.from_pretrained(tiny_ckpt, device="cpu", options={**opts, "expert_slots": 3 * e - 1})
+    assert lent.model.cache.borrows_stream and not own.model.cache.borrows_stream
+    assert lent.placement()["prefill_stream_buffers"] == 0 and own.placement()["prefill_stream_buffers"] > 0
+    ids = torch.randint(0, 600, (40 + 60,), generator=torch.Generator().manual_seed(9))
+    a = lent.score(ids, prefill=40)  # the decode steps fill slots, so the second prompt must refill them
+    b = lent.score(ids, prefill=40)
+    assert torch.equal(a, b) and torch.equal(a, own.score(ids, prefill=40))
+    cache = lent.model.cache
+    assert not cache.stream_lent and cache.stream_refill_bytes > 0
+    keys = cache.slot_key[:-1]
+    for slot in torch.nonzero(keys >= 0).flatten().tolist():
+        assert torch.equal(cache.rows[slot], cache.bank.rows[int(keys[slot])])

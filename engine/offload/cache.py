@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ModelConfig
+from ..plan import BORROW_STREAM_MIN_LAYERS
 from ..quant.nvfp4_rows import NVFP4_ROWS
 from .bank import HostExpertBank, split_rows
 from .overlap import dedicated_stream
@@ -47,7 +48,14 @@ class ExpertSlotCache:
         self._positions = torch.arange(k, device=device)
         self._scratch_key = layers * e
         # Prefill streams each layer's whole bank into one of two buffers (the baseline layer-major improves on).
-        self.stream_rows = torch.empty(2, e, bank.row_elems, dtype=bank.dtype, device=device)
+        # With enough slots the buffers are the trailing 2 x E slots, lent for the prefill and refilled from the
+        # bank after it (the slots are idle while a prompt streams); else a dedicated allocation.
+        self.borrows_stream = num_slots >= BORROW_STREAM_MIN_LAYERS * e
+        self._dedicated = None if self.borrows_stream else torch.empty(2, e, bank.row_elems, dtype=bank.dtype,
+                                                                       device=device)
+        self._region = (num_slots - 2 * e, num_slots) if self.borrows_stream else (num_slots, num_slots)
+        self.stream_lent = False
+        self.stream_refill_bytes = 0
         self._stream_layer = [-1, -1]  # which layer each buffer holds: a repeat visit skips the copy
         on_gpu = device.type == "cuda"
         # Named stream: prefill bank copies run here so they overlap the compute stream's GEMMs.
@@ -120,6 +128,62 @@ class ExpertSlotCache:
 
         gather_experts(self.bank.rows, plan.src, plan.dst, plan.count, self.rows)
 
+    @property
+    def stream_rows(self) -> torch.Tensor:
+        """[2, E, row]: the two stream buffers (a view of the trailing slots when borrowed)."""
+        if self._dedicated is not None:
+            return self._dedicated
+        a, b = self._region
+        return self.rows[a:b].view(2, self.num_experts, self.rows.shape[1])
+
+    @property
+    def stream_buffer_bytes(self) -> int:
+        """Device bytes the stream buffers take beyond the slots (0 when they borrow slots)."""
+        return 0 if self._dedicated is None else self._dedicated.numel() * self._dedicated.element_size()
+
+    @property
+    def parkable_slots(self) -> int:
+        """Leading slots layer-major may lend to its parked activations (never the streaming region)."""
+        return self._region[0]
+
+    def _lend_stream(self) -> None:
+        if self._copy is not None:
+            # Copies into the region wait for every earlier reader/writer of these slots on the compute
+            # stream (decode steps, the last refill).
+            for event in self._buffer_free:
+                event.record(torch.cuda.current_stream())
+        self.stream_lent = True
+        self._stream_layer = [-1, -1]
+
+    def end_stream(self) -> None:
+        """After a prefill: give the lent slots back, refilled (the runner calls it, also on error/cancel)."""
+        if not self.stream_lent:
+            return
+        if self._copy is not None:  # every copy was consumed by compute; order the refill after them anyway
+            for event in self._copy_done:
+                torch.cuda.current_stream().wait_event(event)
+        self.stream_refill_bytes += self.refill_slots(*self._region)
+        self.stream_lent = False
+        self._stream_layer = [-1, -1]
+
+    def refill_slots(self, start: int, stop: int) -> int:
+        """Slots start:stop get back the bank rows their keys name (zeros where empty): -> bytes copied.
+        One host sync for the keys: only ever called between prefill and decode."""
+        keys = self.slot_key[start:stop].tolist()
+        held = [s for s, k in enumerate(keys, start) if k >= 0]
+        for s, k in enumerate(keys, start):
+            if k < 0:
+                self.rows[s].zero_()  # a never-used slot reads as zeros in a cache that was never lent
+        bank = self.bank.rows
+        if held and bank.device == self.rows.device:
+            src = torch.tensor([keys[s - start] for s in held], dtype=torch.long, device=bank.device)
+            self.rows.index_copy_(0, torch.tensor(held, device=self.rows.device), bank.index_select(0, src))
+        else:
+            # Pinned bank -> device on the current stream, behind the prefill's last reads of these bytes.
+            for s in held:
+                self.rows[s].copy_(bank[keys[s - start]], non_blocking=True)
+        return len(held) * self.row_bytes
+
     def stream_layer(self, layer: int) -> tuple[torch.Tensor, ...]:
         """Prefill: this layer's whole bank in a device buffer -> stacked (gate_up, down) views by expert id, or
         (NVFP4 rows,) for a 4-bit bank.
@@ -129,6 +193,8 @@ class ExpertSlotCache:
         it overwritten by L+2: one bank copy per chunk. Layer-major prefill visits L for every chunk in a
         row: one copy per prompt. Call `release_layer(L)` after each use, so the copy into a buffer waits for
         its readers."""
+        if self.borrows_stream and not self.stream_lent:
+            self._lend_stream()
         which = layer % 2
         if self._stream_layer[which] != layer:
             self._start_copy(layer)
@@ -164,6 +230,8 @@ class ExpertSlotCache:
         miss_bytes = misses * self.row_bytes  # every miss copies one whole expert row from the bank
         return {"expert_hits": hits, "expert_misses": misses, "expert_slots": self.num_slots,
                 "hit_rate": hits / (hits + misses) if hits + misses else None,
-                "miss_bytes": miss_bytes, "h2d_bytes": miss_bytes + self.stream_bytes + self.parking_refill_bytes,
+                "miss_bytes": miss_bytes,
+                "h2d_bytes": miss_bytes + self.stream_bytes + self.parking_refill_bytes + self.stream_refill_bytes,
                 "prefill_stream_bytes": self.stream_bytes, "prefill_stream_copies": self.stream_copies,
+                "stream_refill_bytes": self.stream_refill_bytes,
                 "parking_borrowed_bytes": self.parking_borrowed_bytes, "parking_refill_bytes": self.parking_refill_bytes}

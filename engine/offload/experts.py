@@ -23,7 +23,7 @@ class OffloadedExperts:
         """-> (ids as the kernel indexes them, its weights). A short prompt (the runner says so) goes through
         the slots: only its missing experts cross PCIe, not the layer's whole bank."""
         self._streamed = False
-        if self.cache.prefill_through_slots:
+        if self.cache.prefill_through_slots and not self.cache.stream_lent:  # never into the lent slots
             found = self.cache.ensure_many(self.layer, ids)
             if found is not None:
                 slots, plan = found

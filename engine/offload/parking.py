@@ -27,7 +27,7 @@ class SlotParking:
 
     def capacity_tokens(self, hidden: int, dtype: torch.dtype) -> int:
         """Tokens of [T, hidden] activations the borrowable slots (all but the scratch row) can hold."""
-        return self.cache.num_slots * self.slot_bytes // (hidden * dtype.itemsize)
+        return self.cache.parkable_slots * self.slot_bytes // (hidden * dtype.itemsize)
 
     def borrow(self, tokens: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
         """-> [tokens, hidden] of `dtype` over the leading slots' bytes, whatever dtype the rows hold."""
@@ -35,8 +35,8 @@ class SlotParking:
             raise RuntimeError("the slots are already lent: give_back() first")
         need = tokens * hidden * dtype.itemsize
         slots = -(-need // self.slot_bytes)
-        if slots > self.cache.num_slots:
-            raise ValueError(f"{tokens} tokens need {slots} slots, the cache has {self.cache.num_slots}")
+        if slots > self.cache.parkable_slots:
+            raise ValueError(f"{tokens} tokens need {slots} slots, {self.cache.parkable_slots} can be lent")
         self.slots = slots
         self.borrowed_bytes += slots * self.slot_bytes
         _bump(self.cache, "parking_borrowed_bytes", slots * self.slot_bytes)
@@ -49,26 +49,10 @@ class SlotParking:
         n, self.slots = self.slots, 0
         if not n:
             return
-        cache = self.cache
-        rows, bank = cache.rows, cache.bank.rows
-        # One host sync for the keys: prefill is never graph-captured, and the loop below needs them anyway.
-        keys = cache.slot_key[:n].tolist()
-        held = [s for s, k in enumerate(keys) if k >= 0]
-        # A never-used slot (key -1) reads as zeros in a cache that was not lent: keep the bytes identical.
-        for s, k in enumerate(keys):
-            if k < 0:
-                rows[s].zero_()
-        if bank.device == rows.device:
-            src = torch.tensor([keys[s] for s in held], dtype=torch.long, device=bank.device)
-            rows.index_copy_(0, torch.tensor(held, dtype=torch.long, device=rows.device), bank.index_select(0, src))
-        else:
-            # Pinned host bank -> device, queued on the current stream behind the prefill's last reads of the
-            # parked activations (same stream), so no extra synchronization is needed.
-            for s in held:
-                rows[s].copy_(bank[keys[s]], non_blocking=True)
-        refill = len(held) * self.slot_bytes
+        # Queued on the compute stream behind the prefill's last reads of the parked activations.
+        refill = self.cache.refill_slots(0, n)
         self.refill_bytes += refill
-        _bump(cache, "parking_refill_bytes", refill)
+        _bump(self.cache, "parking_refill_bytes", refill)
 
 
 def _bump(cache: ExpertSlotCache, name: str, value: int) -> None:

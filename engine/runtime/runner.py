@@ -73,6 +73,14 @@ class Runner:
         """Run ids [T] in chunks of prefill_chunk. Returns float32 logits of every token, or of the last only.
 
         Prompts longer than one chunk go layer-major when the plan says so (bitwise the same result)."""
+        try:
+            return self._prefill(state, ids, all_logits, cancel)
+        finally:
+            if self.model.cache is not None:
+                self.model.cache.end_stream()  # slots lent as stream buffers come back refilled
+
+    def _prefill(self, state: SequenceState, ids: torch.Tensor, all_logits: bool,
+                 cancel: threading.Event | None) -> torch.Tensor:
         state.check_room(ids.shape[0])
         if self.layer_major and ids.shape[0] > self.prefill_chunk:
             logits, windows = layer_major_prefill(self.model, state, ids, self.prefill_chunk, self.prefill_window,
