@@ -182,3 +182,18 @@ async def test_help_details_theme_and_keymap(tmp_path):
         await wait_turn(pilot)
         await pilot.press("f9")  # remapped by binding id
         assert app.conv.messages == []
+
+
+async def test_the_send_key_is_remappable(tmp_path):
+    """Enter sends by default; the keymap id `prompt.send` moves it (Enter then types a line break)."""
+    app = make_app(tmp_path, ScriptedBackend(), keymap={"prompt.send": "ctrl+s"})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_ready(pilot)
+        app.prompt.focus()
+        for key in ("h", "i", "enter", "x"):
+            await pilot.press(key)
+        assert app.prompt.text == "hi\nx" and app.conv.messages == []
+        await pilot.press("ctrl+s")
+        await wait_turn(pilot)
+        assert app.conv.messages[0].content == "hi\nx"
+        assert ("ctrl+s", "Send the prompt", "prompt.send") in app.binding_table()

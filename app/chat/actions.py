@@ -12,7 +12,7 @@ from .commands import SlashError, parse_slash
 from .conversation import Conversation
 from .modals import ConversationPicker, SamplingModal, TextEditModal
 from .panels import DetailsScreen, HelpScreen, details_markdown
-from .prompt import PromptInput
+from .prompt import SEND_DEFAULT, SEND_ID, PromptInput
 from .settings import describe, parse_assignments
 from .store import export_transcript
 from .widgets import AssistantMessage, UserMessage
@@ -194,7 +194,7 @@ class ChatActions:
 
     # ----- information -----
     def binding_table(self) -> list[tuple[str, str, str]]:
-        rows = []
+        rows = [(self.keymap.get(SEND_ID, SEND_DEFAULT), "Send the prompt", SEND_ID)]
         for binding in [*PromptInput.BINDINGS, *self.BINDINGS]:
             rows.append((self.keymap.get(binding.id, binding.key), binding.tooltip or binding.description,
                          binding.id or ""))

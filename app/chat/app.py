@@ -28,7 +28,7 @@ from .commands import ChatCommandsProvider
 from .conversation import Conversation
 from .modals import ErrorModal
 from .panels import LoadingScreen
-from .prompt import PromptInput
+from .prompt import SEND_DEFAULT, SEND_ID, PromptInput
 from .status import StatusBar, plan_summary
 from .store import ConversationStore
 from .widgets import AssistantMessage, UserMessage
@@ -129,7 +129,7 @@ class ChatApp(ChatActions, App[int]):
         # the keys typed then). (Set here rather than in chat.tcss so it stays with the reason.)
         self.view.styles.scrollbar_gutter = "stable"
         self.banner = Static("", id="banner", markup=False)
-        self.prompt = PromptInput(id="prompt")
+        self.prompt = PromptInput(id="prompt", send_keys=self.keymap.get(SEND_ID, SEND_DEFAULT))
         self.status = StatusBar(id="status")
         yield Header(show_clock=False)
         with self.view:

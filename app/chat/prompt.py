@@ -10,6 +10,9 @@ from textual.message import Message
 from textual.widgets import TextArea
 
 
+SEND_ID, SEND_DEFAULT = "prompt.send", "enter"  # handled in _on_key (see there), remappable like a binding
+
+
 class PromptInput(TextArea):
     BINDING_GROUP_TITLE = "Prompt"
     BINDINGS = [
@@ -23,17 +26,19 @@ class PromptInput(TextArea):
         prompt: "PromptInput"
         text: str
 
-    def __init__(self, **kwargs):
+    def __init__(self, send_keys: str = SEND_DEFAULT, **kwargs):
+        """send_keys: the key(s) that send, comma-separated (keymap id `prompt.send`)."""
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
+        self.send_keys = frozenset(k.strip() for k in send_keys.split(",") if k.strip()) or frozenset({SEND_DEFAULT})
         self.sent: list[str] = []
         self._pos: int | None = None  # index into history while recalling; None = editing a fresh draft
         self._draft = ""
 
     async def _on_key(self, event: events.Key) -> None:
-        # Enter sends. Handled here, in the prompt's own queue, so it runs after the keys typed before it: a
+        # Enter (or the keymap's `prompt.send`) sends. Handled here, in the prompt's own queue, so it runs after the keys typed before it: a
         # priority binding would run on the app's queue and could overtake them (a fast typist, tmux send-keys
         # or a terminal's paste-as-keys would send before the text arrived).
-        if event.key == "enter":
+        if event.key in self.send_keys:
             event.stop()
             event.prevent_default()
             self.action_submit()
