@@ -13,29 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from bench_resident import timed  # scripts/ is on sys.path when this runs as a script
 from qwenlocal.engine.kernels.expert_copy import gather_experts
 
 ROWS = {"bf16": 6_291_456, "nvfp4": 1_781_760}
-
-
-def timed(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
 
 
 def main() -> int:

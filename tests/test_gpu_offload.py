@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from qwenlocal.engine import Engine
+from test_layer_major import assert_same_state, state_bytes
 
 pytestmark = pytest.mark.gpu
 CHUNK = 50
@@ -37,21 +38,6 @@ def test_offloaded_is_byte_equal_to_resident(small_ckpt, graphs):
         assert torch.equal(cache.rows[slot].cpu(), cache.bank.rows[int(keys[slot])])
 
 
-def _state(state):
-    kv = {i: (c.k[: state.seq_len].clone(), c.v[: state.seq_len].clone()) for i, c in state.kv.items()}
-    return (state.seq_len, kv, {i: t.clone() for i, t in state.conv.items()},
-            {i: t.clone() for i, t in state.recurrent.items()})
-
-
-def _same_state(a, b):
-    assert a[0] == b[0]
-    for part in (1, 2, 3):
-        assert a[part].keys() == b[part].keys()
-        for i in a[part]:
-            x, y = a[part][i], b[part][i]
-            assert all(torch.equal(p, q) for p, q in zip(x, y)) if isinstance(x, tuple) else torch.equal(x, y)
-
-
 @pytest.mark.parametrize("length, window", [(4 * CHUNK, None), (4 * CHUNK + 37, None), (4 * CHUNK + 37, 2 * CHUNK)])
 def test_layer_major_is_bitwise_chunked_on_gpu(small_ckpt, length, window):
     # slot_prefill_tokens=0: the 30-token warm-up streams too, so the bank-copy counts below are exact.
@@ -67,7 +53,7 @@ def test_layer_major_is_bitwise_chunked_on_gpu(small_ckpt, length, window):
     lb = layer_major.runner.prefill(sb, ids, all_logits=True)
     assert layer_major.runner.counters["prefills_layer_major"] == 1
     assert torch.equal(la, lb)
-    _same_state(_state(sa), _state(sb))
+    assert_same_state(state_bytes(sa), state_bytes(sb))
     ca, cb = chunked.model.cache, layer_major.model.cache
     assert torch.equal(ca.slot_map, cb.slot_map) and torch.equal(ca.slot_key, cb.slot_key)
     assert torch.equal(ca.rows[:-1], cb.rows[:-1])
