@@ -3,7 +3,7 @@
 # resident benchmark and (with PROBE=1) the probe; logs/JSON under $OUT, a short table last.
 #   device run, carry [".whl"]:  bash scripts/gpu_check.sh
 # Env: TESTS (pytest paths; "none" skips), TEST_TIMEOUT, BENCH=0 (no resident bench), BENCH_ARGS (run
-# `qwenlocal bench $BENCH_ARGS` instead), BENCH_TIMEOUT, BENCH_TAIL, COPY=1 (expert-copy GB/s), PROFILE=1, PROFILE_PREFILL=1, OVERLAP_BENCH=1, PROBE=1.
+# `qwenlocal bench $BENCH_ARGS` instead), BENCH_TIMEOUT, BENCH_TAIL, COPY=1 (expert-copy GB/s), PROFILE=1, PROFILE_PREFILL=1, OVERLAP_BENCH=1 (OVERLAP_TIMEOUT), PROFILE_PREFILL_ARGS, PROBE=1.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -31,10 +31,10 @@ elif [ "${BENCH:-1}" = 1 ]; then
   if [ "${PROFILE:-0}" = 1 ]; then python3 scripts/profile_decode.py 2>&1 | tee "$OUT/profile.log" | tail -40; fi
 fi
 if [ "${OVERLAP_BENCH:-0}" = 1 ]; then
-  timeout 300 python3 -m qwenlocal.app.cli probe --overlap-bench 2>&1 | tee "$OUT/overlap_bench.log" | grep -i -A3 "overlap"
+  timeout ${OVERLAP_TIMEOUT:-300} python3 scripts/overlap_microbench.py --out "$OUT" 2>&1 | tee "$OUT/overlap_bench.log"
 fi
 if [ "${PROFILE_PREFILL:-0}" = 1 ]; then
-  timeout 400 python3 scripts/profile_prefill.py 16384 2>&1 | tee "$OUT/profile_prefill.log" | head -30
+  timeout ${PROFILE_TIMEOUT:-400} python3 scripts/profile_prefill.py ${PROFILE_PREFILL_ARGS:-16384} 2>&1 | tee "$OUT/profile_prefill.log" | head -40
 fi
 t2=$(date +%s)
 probe_rc=skipped

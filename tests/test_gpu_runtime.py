@@ -79,3 +79,5 @@ def test_cuda_graph_decode_is_byte_equal_to_eager(small_ckpt, prefill):
     assert torch.equal(a, b)
     # A second sequence on the same graph (state reset in place) gives the same bytes again.
     assert torch.equal(graphs.score(ids, prefill=prefill), a)
+    # The captured graph's memory is measured and reported with the placement; eager decode has none.
+    assert graphs.placement()["decode_graph"] > 0 and "decode_graph" not in eager.placement()

@@ -21,10 +21,12 @@ class DecodeGraph:
         self.position = torch.zeros(1, dtype=torch.long, device=dev)
         self.graph = torch.cuda.CUDAGraph()
         self.logits: torch.Tensor | None = None
+        self.reserved_bytes = 0  # what warm-up and capture added to the allocator's reserved memory (graph pool)
 
     def capture(self) -> None:
         """Warm up on a side stream (as torch requires), capture, then restore the state it disturbed."""
         snap = self.state.snapshot()
+        reserved_before = torch.cuda.memory_reserved(self.model.device)
         routing_at = self.model.routing.position.clone() if self.model.routing is not None else None
         self.model.kernels.attention.prepare(0, 1, decode=True)
         side = torch.cuda.Stream()
@@ -36,6 +38,7 @@ class DecodeGraph:
         with torch.cuda.graph(self.graph):
             self.logits = self._step()
         torch.cuda.synchronize()
+        self.reserved_bytes = torch.cuda.memory_reserved(self.model.device) - reserved_before
         self.state.restore(snap)
         if routing_at is not None:
             self.model.routing.position.copy_(routing_at)

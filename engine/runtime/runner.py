@@ -51,6 +51,11 @@ class Runner:
         self._state.reset()
         return self._state
 
+    @property
+    def graph_reserved_bytes(self) -> int:
+        """Device memory the captured decode graph added (its private pool and warm-up blocks); 0 before capture."""
+        return self._graph.reserved_bytes if self._graph is not None else 0
+
     def _make_state(self) -> SequenceState:
         m = self.model
         return SequenceState(m.cfg, m.dtype, m.device, self.max_context, m.kernels.attention)
