@@ -27,8 +27,19 @@ class MissPlan:
     count: torch.Tensor  # [1] int64: how many leading entries are misses
 
 
+def _fused_ensure(num_layers: int, top_k: int, device: torch.device):
+    """The one-launch decode ensure (kernels/slot_ensure.py), or None where Triton is missing."""
+    try:
+        from ..kernels.slot_ensure import FusedEnsure
+    except ImportError:
+        return None
+    return FusedEnsure(num_layers, top_k, device)
+
+
 class ExpertSlotCache:
-    def __init__(self, cfg: ModelConfig, bank: HostExpertBank, num_slots: int, device: torch.device):
+    def __init__(self, cfg: ModelConfig, bank: HostExpertBank, num_slots: int, device: torch.device,
+                 fused_ensure: bool | None = None):
+        """fused_ensure: decode's ensure as one Triton launch (default: on a GPU) instead of the torch ops."""
         e, layers, k = cfg.moe.num_experts, cfg.num_layers, cfg.moe.top_k
         if num_slots < k:
             raise ValueError(f"the slot cache needs at least top_k={k} slots, got {num_slots}")
@@ -47,6 +58,9 @@ class ExpertSlotCache:
         self.misses = torch.zeros(1, dtype=torch.long, device=device)
         self._positions = torch.arange(k, device=device)
         self._scratch_key = layers * e
+        if fused_ensure is None:
+            fused_ensure = device.type == "cuda"
+        self._fused = _fused_ensure(layers, k, device) if fused_ensure else None
         # Prefill streams each layer's whole bank into one of two buffers (the baseline layer-major improves on).
         # With enough slots the buffers are the trailing 2 x E slots, lent for the prefill and refilled from the
         # bank after it (the slots are idle while a prompt streams); else a dedicated allocation.
@@ -72,6 +86,9 @@ class ExpertSlotCache:
     def ensure(self, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, MissPlan]:
         """ids [1, k] expert ids of one token -> (slot ids [1, k], the miss plan). Updates the LRU state.
         Fixed shapes, no host sync: the decode graph captures it."""
+        if self._fused is not None:
+            final, src, dst, count = self._fused(self, layer, ids)
+            return final.reshape(ids.shape), MissPlan(src, dst, count)
         final, plan = self._ensure(layer, ids.reshape(-1), self._positions)
         return final.reshape(ids.shape), plan
 
