@@ -13,6 +13,17 @@ from ..model.cache import SequenceState
 from ..model.qwen3_5_moe import Qwen35MoeModel
 
 
+def graph_pool_bytes(graph: torch.cuda.CUDAGraph) -> int:
+    """Bytes of the segments the allocator holds for this graph's private pool (the overlap's side-stream
+    work allocates there too, so this is each split's VRAM cost)."""
+    try:
+        pool = tuple(graph.pool())
+        return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+                   if tuple(seg.get("segment_pool_id", ())) == pool)
+    except (RuntimeError, TypeError, KeyError):  # a report, never a reason to fail the capture
+        return 0
+
+
 class DecodeGraph:
     def __init__(self, model: Qwen35MoeModel, state: SequenceState):
         self.model, self.state = model, state
@@ -21,12 +32,11 @@ class DecodeGraph:
         self.position = torch.zeros(1, dtype=torch.long, device=dev)
         self.graph = torch.cuda.CUDAGraph()
         self.logits: torch.Tensor | None = None
-        self.reserved_bytes = 0  # what warm-up and capture added to the allocator's reserved memory (graph pool)
+        self.reserved_bytes = 0  # the device memory of the graph's private pool (measured after capture)
 
     def capture(self) -> None:
         """Warm up on a side stream (as torch requires), capture, then restore the state it disturbed."""
         snap = self.state.snapshot()
-        reserved_before = torch.cuda.memory_reserved(self.model.device)
         routing_at = self.model.routing.position.clone() if self.model.routing is not None else None
         self.model.kernels.attention.prepare(0, 1, decode=True)
         side = torch.cuda.Stream()
@@ -38,7 +48,7 @@ class DecodeGraph:
         with torch.cuda.graph(self.graph):
             self.logits = self._step()
         torch.cuda.synchronize()
-        self.reserved_bytes = torch.cuda.memory_reserved(self.model.device) - reserved_before
+        self.reserved_bytes = graph_pool_bytes(self.graph)
         self.state.restore(snap)
         if routing_at is not None:
             self.model.routing.position.copy_(routing_at)
