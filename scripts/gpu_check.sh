@@ -3,7 +3,8 @@
 # resident benchmark and (with PROBE=1) the probe; logs/JSON under $OUT, a short table last.
 #   device run, carry [".whl"]:  bash scripts/gpu_check.sh
 # Env: TESTS (pytest paths; "none" skips), TEST_TIMEOUT, BENCH=0 (no resident bench), BENCH_ARGS (run
-# `qwenlocal bench $BENCH_ARGS` instead), BENCH_TIMEOUT, BENCH_TAIL, COPY=1 (expert-copy GB/s), PROFILE=1, PROFILE_PREFILL=1, OVERLAP_BENCH=1 (OVERLAP_TIMEOUT), PROFILE_PREFILL_ARGS, PROBE=1.
+# `qwenlocal bench $BENCH_ARGS` instead), BENCH_TIMEOUT, BENCH_TAIL, COPY=1 (expert-copy GB/s), PROFILE=1, PROFILE_PREFILL=1, OVERLAP_BENCH=1 (OVERLAP_TIMEOUT, OVERLAP_ARGS),
+# EXTRA_CMD (EXTRA_TIMEOUT), PROFILE_PREFILL_ARGS, PROBE=1. Order: tests, copy, overlap, extra, bench, profiles.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -14,12 +15,18 @@ export QWENLOCAL_HOME=$(mktemp -d)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 t0=$(date +%s)
-[ "${TESTS:-}" = none ] || timeout ${TEST_TIMEOUT:-900} python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-tests/test_gpu_offload.py tests/test_gpu_overlap.py tests/test_gpu_runtime.py tests/test_kernels_moe.py tests/test_kernels_nvfp4.py tests/test_kernels_nvfp4_grouped.py tests/test_nvfp4_experts.py::test_quant_linear_gemv_and_blocked_prefill_match_the_dequantized_matmul} 2>&1 | tee "$OUT/gpu_tests.log"
+[ "${TESTS:-}" = none ] || timeout ${TEST_TIMEOUT:-900} python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-tests/test_slot_ensure.py tests/test_gpu_offload.py tests/test_gpu_overlap.py tests/test_gpu_runtime.py tests/test_kernels_moe.py tests/test_kernels_nvfp4.py tests/test_kernels_nvfp4_grouped.py tests/test_nvfp4_experts.py::test_quant_linear_gemv_and_blocked_prefill_match_the_dequantized_matmul} 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 t1=$(date +%s)
 bench_rc=skipped
 if [ "${COPY:-0}" = 1 ]; then
   timeout 120 python3 scripts/bench_expert_copy.py --out "$OUT" 2>&1 | tee "$OUT/expert_copy.log"
+fi
+if [ "${OVERLAP_BENCH:-0}" = 1 ]; then
+  timeout ${OVERLAP_TIMEOUT:-300} python3 scripts/overlap_microbench.py --out "$OUT" ${OVERLAP_ARGS:-} 2>&1 | tee "$OUT/overlap_bench.log"
+fi
+if [ -n "${EXTRA_CMD:-}" ]; then  # one more program before the bench (e.g. a kernel benchmark)
+  timeout ${EXTRA_TIMEOUT:-150} bash -c "$EXTRA_CMD" 2>&1 | tee "$OUT/extra.log"
 fi
 if [ -n "${BENCH_ARGS:-}" ]; then
   # `qwenlocal bench` with these arguments (wide table: the log is not a terminal)
@@ -29,9 +36,6 @@ elif [ "${BENCH:-1}" = 1 ]; then
   timeout ${BENCH_TIMEOUT:-900} python3 scripts/bench_resident.py --out "$OUT" 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
   if [ "${PROFILE:-0}" = 1 ]; then python3 scripts/profile_decode.py 2>&1 | tee "$OUT/profile.log" | tail -40; fi
-fi
-if [ "${OVERLAP_BENCH:-0}" = 1 ]; then
-  timeout ${OVERLAP_TIMEOUT:-300} python3 scripts/overlap_microbench.py --out "$OUT" 2>&1 | tee "$OUT/overlap_bench.log"
 fi
 if [ "${PROFILE_PREFILL:-0}" = 1 ]; then
   timeout ${PROFILE_TIMEOUT:-400} python3 scripts/profile_prefill.py ${PROFILE_PREFILL_ARGS:-16384} 2>&1 | tee "$OUT/profile_prefill.log" | head -40
