@@ -2,12 +2,16 @@
 status. Each asserts on the typed messages that flowed (message_hook) and on what the screen holds."""
 from __future__ import annotations
 
+import asyncio
+import html
+import re
+
 import pytest
 
 from qwenlocal.app.chat import messages as msg
 from qwenlocal.app.chat.fake import ScriptedBackend, ScriptedReply, failing_backend, split_tokens
 from qwenlocal.app.chat.modals import ErrorModal, TextEditModal
-from qwenlocal.app.chat.widgets import UserMessage
+from qwenlocal.app.chat.widgets import AssistantMessage, UserMessage
 from qwenlocal.app.chat.testing import (CODE_ANSWER, REASONING, make_app, press_nowait, replies, send,
                                        wait_for, wait_ready, wait_turn)
 
@@ -215,3 +219,94 @@ async def test_status_bar_updates_live(tmp_path):
         await wait_turn(pilot)
         assert str(app.status.render()).startswith("ready")
         assert "ctx 405/4096" in str(app.status.render())  # the final TurnDone figures
+
+
+# ----- a reply's widget may not be there when its deltas or its end arrive -----
+# Under CPU load, ReplyDone was seen to reach AssistantMessage.finish while the reply's Markdown children were not
+# there (NoMatches('.answer') from finish -> _flush, about 1 run in 3 with two busy processes). These reproduce it
+# deterministically: the end arriving before the widget is mounted (the text must then appear once it is), and
+# the end arriving after the widget was removed (the app must carry on, the conversation keeping the whole text).
+
+def screen_text(app) -> str:
+    svg = app.export_screenshot()
+    return html.unescape("".join(re.findall(r"<text[^>]*>(.*?)</text>", svg))).replace("\xa0", " ")
+
+
+@pytest.mark.parametrize("with_reasoning", [False, True])
+async def test_a_reply_that_ends_before_its_widget_is_mounted_shows_all_of_it(tmp_path, with_reasoning):
+    app = make_app(tmp_path, ScriptedBackend())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_ready(pilot)
+        reply = AssistantMessage(streaming=True)
+        if with_reasoning:
+            reply.append("Add them up. ", True)
+        reply.append("The sum is ", False)
+        reply.append("**42**, exactly.", False)
+        await reply.finish("length")  # not mounted: nothing composed to write to yet
+        assert reply.text == "The sum is **42**, exactly." and not reply.streaming
+        await app.view.mount(reply)
+        await pilot.pause()
+        assert reply.answer.source == "The sum is **42**, exactly."
+        assert str(reply.query_one(".meta").render()) == "stopped at the max-tokens limit"
+        screen = screen_text(app)
+        assert "The sum is 42, exactly." in screen and "stopped at the max-tokens limit" in screen
+        if with_reasoning:
+            assert reply.thinking.display and reply.thinking.collapsed
+            assert reply.thinking.title == "Thought (3 words)" and "Thought (3 words)" in screen
+            assert reply.query_one(".thinking-text").source == "Add them up. "
+
+
+async def test_deltas_before_the_mount_are_shown_once(tmp_path):
+    app = make_app(tmp_path, ScriptedBackend())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_ready(pilot)
+        reply = AssistantMessage(streaming=True)
+        reply.append("Weigh it. ", True)
+        reply.append("First part, ", False)
+        await app.view.mount(reply)  # composed from the text so far; the buffer must not be written again
+        reply.append("second part.", False)
+        await wait_for(pilot, lambda: not reply._pending_answer, 5.0, "the flush")
+        await reply.finish("stop")
+        await pilot.pause()
+        assert reply.answer.source == "First part, second part."
+        assert reply.query_one(".thinking-text").source == "Weigh it. "
+        assert reply.thinking.collapsed and reply.thinking.title == "Thought (2 words)"
+        assert "First part, second part." in screen_text(app)
+
+
+async def test_a_reply_that_ends_after_its_widget_was_removed(tmp_path):
+    # hold_after=0: no delta reached the widget before it went, so finish finds its deltas unflushed (the case
+    # that queried '.answer' on a widget without children).
+    backend = ScriptedBackend([ScriptedReply(answer=CODE_ANSWER)], hold_after=0)
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "write add")
+        await wait_for(pilot, backend.holding.is_set, what="the hold before the first token")
+        reply = replies(app)[0]
+        await app.view.remove_children()  # the way the app's shutdown takes the widgets away under a reply
+        backend.release.set()
+        await wait_turn(pilot)
+        assert not reply.streaming and reply.finish_reason == "stop"
+        assert reply.text == CODE_ANSWER  # kept, though never drawn
+        assert app.conv.messages[-1].content == CODE_ANSWER
+        assert str(app.status.render()).startswith("ready")
+
+
+async def test_finish_right_after_a_flush_started_its_stream(tmp_path):
+    # A flush on the timer's task creates the Markdown stream; if finish stops that stream before its task took
+    # a first step, the task is cancelled unrun: the text it holds is dropped and stop() raises CancelledError.
+    app = make_app(tmp_path, ScriptedBackend())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_ready(pilot)
+        reply = AssistantMessage(streaming=True)
+        await app.view.mount(reply)
+        reply.append("Only one flush.", False)
+        flush = asyncio.create_task(reply._flush(force=True))  # as the timer's task runs it
+        await asyncio.sleep(0)  # the flush created the stream and wrote; the stream's task has not run yet
+        assert reply._answer_stream is not None and not reply._pending_answer
+        await reply.finish("stop")
+        await flush
+        await pilot.pause()
+        assert reply.answer.source == "Only one flush."
+        assert "Only one flush." in screen_text(app)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from pathlib import Path
 
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.widgets import Footer, Header, Static
+from textual.timer import Timer
+from textual.widgets import Footer, Header, Static, TextArea
 
 from qwenlocal.engine.errors import QwenlocalError
 from qwenlocal.engine.events import EngineError, ReasoningDelta, Stats, TokenDelta, TurnDone
@@ -32,6 +34,7 @@ from .store import ConversationStore
 from .widgets import AssistantMessage, UserMessage
 
 GC_DELAY_S = 0.5  # after a turn ends: let the last repaint happen first
+GC_QUIET_S = 1.0  # ... and wait for a pause in the typing: the full pass stalls the UI thread (~200 ms measured)
 _GC_DEFAULT = gc.get_threshold()
 _GC_NO_FULL = 1_000_000  # gen-1 collections before a gen-2 one: "not during this reply"
 
@@ -113,11 +116,18 @@ class ChatApp(ChatActions, App[int]):
         self._loading: LoadingScreen | None = None
         self._load_state: tuple[tuple[str, ...], int, int] = ((), 0, 1)
         self._load_posted = False
+        self._typed_at = 0.0  # when a text field last changed (see _gc_checkpoint)
+        self._gc_timer: Timer | None = None
 
     # ----- layout and start-up -----
     def compose(self) -> ComposeResult:
         # Kept as attributes: App.query_one searches the *active* screen, which is a modal at times.
         self.view = VerticalScroll(id="conversation")
+        # The scrollbar's column is reserved from the start: otherwise the first time a streaming reply overflows
+        # the view, the scrollbar appears, every message narrows by a column and the whole conversation is
+        # re-wrapped and re-measured in one layout, mid-stream (measured: the slowest refreshes of a reply, and
+        # the keys typed then). (Set here rather than in chat.tcss so it stays with the reason.)
+        self.view.styles.scrollbar_gutter = "stable"
         self.banner = Static("", id="banner", markup=False)
         self.prompt = PromptInput(id="prompt", send_keys=self.keymap.get(SEND_ID, SEND_DEFAULT))
         self.status = StatusBar(id="status")
@@ -298,12 +308,19 @@ class ChatApp(ChatActions, App[int]):
         self.drop_reply()
         self.status.show(stats, state=state)
         self.save_conversation()
-        self.set_timer(GC_DELAY_S, self._gc_checkpoint)
 
     def drop_reply(self) -> None:
         """The current reply is over (finished, failed, or abandoned by a rewind)."""
         self.generating, self._reply = False, None
-        gc.set_threshold(*_GC_DEFAULT)
+        # gen-2 stays held until the checkpoint's own full pass. Restoring the default thresholds here made the
+        # very next gen-1 collection a full one (36-95 ms measured, right as the reply ended).
+        if self._gc_timer is None:
+            self._gc_timer = self.set_timer(GC_DELAY_S, self._gc_checkpoint)
+
+    def on_text_area_changed(self, m: TextArea.Changed) -> None:
+        self._typed_at = time.perf_counter()
+        if self._reply is not None and m.text_area is self.prompt:
+            self._reply.typed()  # while typing, the streaming reply redraws right after each key (widgets.py)
 
     def _gc_checkpoint(self) -> None:
         """The full garbage collection, run here while idle instead of in the middle of a reply.
@@ -313,12 +330,19 @@ class ChatApp(ChatActions, App[int]):
         (start_turn; young garbage is still collected by gen 0/1), and after each turn one full pass runs here.
         What survives is then frozen, so the occasional gen-2 pass between turns scans only newer objects;
         unfreezing first lets this pass free what was frozen and has since been dropped (old widgets).
+        That pass took 120-200 ms in tests (torch loaded), and people often type the next prompt just as a reply
+        ends: while they type it waits (gen-2 stays held), and runs at the first pause of GC_QUIET_S.
         """
+        self._gc_timer = None
         if self.generating:
+            return  # this turn's end schedules the next checkpoint
+        if time.perf_counter() - self._typed_at < GC_QUIET_S:
+            self._gc_timer = self.set_timer(GC_DELAY_S, self._gc_checkpoint)
             return
         gc.unfreeze()
         gc.collect()
         gc.freeze()
+        gc.set_threshold(*_GC_DEFAULT)
 
     def stop_generation(self) -> bool:
         if not self.generating:
