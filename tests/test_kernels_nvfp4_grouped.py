@@ -6,13 +6,14 @@ import torch
 pytest.importorskip("triton")
 
 from qwenlocal.engine.kernels.nvfp4_grouped import (  # noqa: E402
-    nvfp4_moe_grouped, nvfp4_moe_grouped_reference, unpack_nvfp4_expert,
+    GroupedConfig, choose_config, dequant_nvfp4_rows, nvfp4_moe_grouped, nvfp4_moe_grouped_reference,
+    random_nvfp4_rows, resolve_config, unpack_nvfp4_expert,
 )
 from qwenlocal.engine.kernels.nvfp4_triton import (  # noqa: E402
     nvfp4_expert_row_bytes, nvfp4_moe_decode, pack_nvfp4_expert,
 )
 from qwenlocal.engine.model.moe import route  # noqa: E402
-from qwenlocal.engine.quant.formats import quantize_nvfp4  # noqa: E402
+from qwenlocal.engine.quant.formats import dequant_nvfp4, quantize_nvfp4  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (tokens, experts, top_k, hidden, inter): nothing a power of two in the first, one token, many pairs per expert.
@@ -96,6 +97,85 @@ def test_decode_consistency(nan_empty):
     grouped = nvfp4_moe_grouped(x, w, ids, rows, 96, 48)
     decode = nvfp4_moe_decode(x, w, ids, rows, 96, 48)
     assert torch.allclose(grouped, decode, rtol=1e-4, atol=1e-4 * decode.abs().max().item())
+
+
+# The launch configurations: every block_m the chooser picks, on the awkward shape (runs shorter than the block,
+# K tails), with the default code paths and with the strided-activation / per-byte-scale ones.
+LEGACY = {"split_a": False, "group_scales": False}
+
+
+@pytest.mark.parametrize("block_m", [32, 64, 128])
+@pytest.mark.parametrize("variant", [{}, LEGACY], ids=["default", "legacy"])
+def test_block_m_and_paths_match_reference(block_m, variant, nan_empty):
+    x, w, ids, rows = make(SHAPES[0], torch.float32, seed=11)
+    t, _, _, h, i = SHAPES[0]
+    ref = nvfp4_moe_grouped_reference(x, w, ids, rows, h, i)
+    out = nvfp4_moe_grouped(x, w, ids, rows, h, i, config=dict(block_m=block_m, **variant))
+    assert out.shape == (t, h) and torch.isfinite(out).all()
+    assert rel(out, ref) <= 1e-5, rel(out, ref)
+
+
+@pytest.mark.parametrize("block_m", [32, 128])
+def test_block_m_bf16(block_m, nan_empty):
+    x, w, ids, rows = make(SHAPES[2], torch.bfloat16, seed=12)
+    _, _, _, h, i = SHAPES[2]
+    out = nvfp4_moe_grouped(x, w, ids, rows, h, i, config={"block_m": block_m})
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert rel(out, nvfp4_moe_grouped_reference(x, w, ids, rows, h, i)) <= 2e-2
+
+
+@pytest.mark.parametrize("variant", [{}, LEGACY], ids=["default", "legacy"])
+def test_small_tiles_many_k_steps(variant, nan_empty):
+    """Tiles smaller than the problem: several K steps (the down kernel's last one a tail) and several N blocks
+    in each kernel (hidden 96, inter 48)."""
+    x, w, ids, rows = make(SHAPES[0], torch.float32, seed=13)
+    _, _, _, h, i = SHAPES[0]
+    cfg = GroupedConfig(block_m=32, gu_block_n=16, gu_block_k=32, dn_block_n=32, dn_block_k=32, **variant)
+    out = nvfp4_moe_grouped(x, w, ids, rows, h, i, config=cfg)
+    assert rel(out, nvfp4_moe_grouped_reference(x, w, ids, rows, h, i)) <= 1e-5
+
+
+@pytest.mark.parametrize("variant", [{}, LEGACY], ids=["default", "legacy"])
+def test_every_code_and_scale_byte(variant, nan_empty):
+    """Random bytes: every E2M1 code pair, E4M3 scales over the whole range (subnormals, negatives, 448)."""
+    gen = torch.Generator().manual_seed(21)
+    t, e, k, h, i = 9, 3, 2, 64, 32
+    rows = random_nvfp4_rows(e, h, i, DEVICE, gen, scale_bits=(0, 256))
+    x = (torch.randn(t, h, generator=gen) * 1e-3).to(DEVICE)  # scales up to 448: keep the SiLU unsaturated
+    weights, ids = route(x.cpu(), torch.randn(e, h, generator=gen), k)
+    weights, ids = weights.to(DEVICE), ids.to(DEVICE)
+    out = nvfp4_moe_grouped(x, weights, ids, rows, h, i, config=dict(block_m=16, **variant))
+    assert rel(out, nvfp4_moe_grouped_reference(x, weights, ids, rows, h, i)) <= 1e-5
+
+
+def test_choose_config_rule():
+    # Qwen3.6's geometry: 256 experts, top-8. T = 512 / 1024 / 2048 (the engine's chunk) / 16384 tokens.
+    small, mid, chunk, big = (choose_config(t * 8, 256, gpu=True) for t in (512, 1024, 2048, 16384))
+    assert (small.block_m, mid.block_m, chunk.block_m, big.block_m) == (32, 64, 128, 128)
+    assert big.num_warps == 8 and choose_config(10 ** 7, 256, gpu=True) == big
+    assert choose_config(16384 * 8, 256, gpu=False).block_m == 128
+    for cfg in (small, mid, chunk, big, choose_config(10, 3, gpu=False), choose_config(0, 1, gpu=True)):
+        assert cfg.validate() is cfg
+    # dict overrides replace fields of the chosen config; block_m (the older keyword) wins last
+    over = resolve_config(16384 * 8, 256, True, {"num_stages": 4, "dn_block_n": 64})
+    assert (over.block_m, over.num_stages, over.dn_block_n, over.num_warps) == (128, 4, 64, 8)
+    assert resolve_config(16384 * 8, 256, True, over, block_m=32).block_m == 32
+
+
+@pytest.mark.parametrize("bad", [{"block_m": 48}, {"gu_block_k": 16}, {"dn_block_n": 8}, {"num_stages": 0}])
+def test_bad_config_raises(bad):
+    x, w, ids, rows = make(SHAPES[1], torch.float32)
+    with pytest.raises(ValueError):
+        nvfp4_moe_grouped(x, w, ids, rows, 64, 32, config=bad)
+
+
+def test_dequant_rows_matches_per_expert():
+    rows = make_rows(3, 96, 48, seed=4)
+    gate_up, down = dequant_nvfp4_rows(rows, 96, 48, dtype=torch.float32, chunk=2)
+    assert gate_up.shape == (3, 96, 96) and down.shape == (3, 96, 48)
+    for e in range(3):
+        gate, up, dn = (dequant_nvfp4(*q) for q in unpack_nvfp4_expert(rows[e], 96, 48))
+        assert torch.equal(gate_up[e], torch.cat([gate, up])) and torch.equal(down[e], dn)
 
 
 @pytest.mark.parametrize("hidden, inter", [(72, 48), (96, 40)])

@@ -8,10 +8,18 @@ in slot order (deterministic, no atomics). The difference: the weight tile is de
 
 Element 2j of a row sits in the low nibble of byte j, so instead of interleaving the decoded nibbles, each K
 block is two tl.dot calls: the even activation columns times the low-nibble tile plus the odd columns times
-the high-nibble tile. E2M1 * E4M3 has at most 5 significant bits, so the decoded tile is exact in bf16/fp16
+the high-nibble tile. E2M1 * E4M3 has at most 6 significant bits, so the decoded tile is exact in bf16/fp16
 and the tensor cores see exactly the checkpoint's values; the fp32 global scales are applied after the K loop.
+
+Every M block decodes its expert's whole weight once, so the decode cost per FLOP falls as 1/BLOCK_M: the
+launch configuration (GroupedConfig) grows BLOCK_M with the average pairs per expert (choose_config), and the
+decode is integer bit moves into fp16 bit patterns (no exp2). scripts/bench_nvfp4_grouped.py times a grid of
+configs against the BF16 grouped kernel.
 """
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -19,19 +27,125 @@ import triton.language as tl
 
 from .moe_triton import align_pairs
 from ..quant.nvfp4_rows import unpack_nvfp4_expert  # noqa: F401 (re-exported for the tests)
-from .nvfp4_triton import _e2m1, _e4m3, nvfp4_expert_row_bytes
+from .nvfp4_triton import nvfp4_expert_row_bytes
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    """Launch configuration of nvfp4_moe_grouped. gu_* tile the gate_up kernel (N over inter, K over hidden),
+    dn_* the down kernel (N over hidden, K over inter); tiles are clamped to the problem's size at launch.
+    split_a: load each activation tile contiguously and split it into even/odd columns in registers (else two
+    stride-2 loads). group_scales: load one E4M3 scale per 16 weights and broadcast it (else one per byte).
+    num_warps/num_stages are ignored by the interpreter."""
+    block_m: int = 32
+    gu_block_n: int = 64
+    gu_block_k: int = 128
+    dn_block_n: int = 64
+    dn_block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+    split_a: bool = True
+    group_scales: bool = True
+
+    def validate(self) -> "GroupedConfig":
+        pow2 = {"block_m": (self.block_m, 16), "gu_block_n": (self.gu_block_n, 16), "dn_block_n": (self.dn_block_n, 16),
+                # BLOCK_K >= 32: each half-dot has K = BLOCK_K/2 >= 16 for tl.dot, and no scale group is split
+                "gu_block_k": (self.gu_block_k, 32), "dn_block_k": (self.dn_block_k, 32),
+                "num_warps": (self.num_warps, 1)}
+        for name, (v, low) in pow2.items():
+            if v < low or v & (v - 1):
+                raise ValueError(f"GroupedConfig.{name} must be a power of two >= {low}, got {v}")
+        if self.num_stages < 1:
+            raise ValueError(f"GroupedConfig.num_stages must be >= 1, got {self.num_stages}")
+        return self
+
+    def label(self) -> str:
+        return (f"m{self.block_m} gu{self.gu_block_n}x{self.gu_block_k} dn{self.dn_block_n}x{self.dn_block_k} "
+                f"w{self.num_warps} s{self.num_stages}" + ("" if self.split_a else " strided-a")
+                + ("" if self.group_scales else " byte-scales"))
+
+
+def choose_config(num_pairs: int, num_experts: int, gpu: bool) -> GroupedConfig:
+    """The default launch configuration, a pure function of the problem.
+
+    Cost of one M block ~ D + BLOCK_M * c (D: decoding the expert's weight tile by tile, paid once per block;
+    c: the MMA per pair), and an expert with n pairs runs ceil(n / BLOCK_M) blocks. With D worth ~64-160 rows
+    of MMA on sm_90 (integer decode, the decoded tile's trip through shared memory), the expected cost under
+    uniform (Poisson) routing is lowest for 32-row blocks below ~28 pairs per expert, 64 up to ~64, 128 above:
+    so avg < 28 -> 32, < 64 -> 64, else 128 (the engine's 2048-token chunk over 256 experts, top-8: 64 pairs
+    per expert -> 128). 128-row blocks take 8 warps (two warpgroups: each gate/up accumulator [128, 64] is
+    32 registers a thread); the down kernel's single accumulator affords BLOCK_N 128 there. The interpreter
+    (gpu=False) gets 64-wide tiles: less masked waste on tiny shapes."""
+    avg = num_pairs / max(1, num_experts)
+    block_m = 32 if avg < 28 else 64 if avg < 64 else 128
+    if not gpu:
+        return GroupedConfig(block_m=block_m, gu_block_n=64, gu_block_k=64, dn_block_n=64, dn_block_k=64)
+    if block_m == 128:
+        return GroupedConfig(block_m=128, gu_block_n=64, gu_block_k=128, dn_block_n=128, dn_block_k=64,
+                             num_warps=8, num_stages=3)
+    return GroupedConfig(block_m=block_m, gu_block_n=64, gu_block_k=128, dn_block_n=64, dn_block_k=128,
+                         num_warps=4, num_stages=3)
 
 
 @triton.jit
-def _nvfp4_tile(w_ptr, s_ptr, n64, k_in, k0, half, mask, dtype: tl.constexpr):
+def _e2m1_f16x(code):
+    """E2M1 code (int32, 0..15) -> its value * 2^-14 as fp32: s e e m placed as fp16 bits s at 15, e e m at
+    11..9 is 2^(e-15) * (1 + m/2) (subnormal 2^-14 * m/2 at e == 0), i.e. the value times 2^-14. Exact."""
+    bits = ((code & 8) << 12) | ((code & 7) << 9)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e4m3_x2p14(bits):
+    """E4M3 bits (int32) -> value * 2^14 as fp32, so that _e2m1_f16x(c) * this = e2m1 * e4m3 exactly: s eeee mmm
+    as fp16 bits s at 15, eeee at 13..10, mmm at 9..7 is the value * 2^-8 (same subnormals, bias 15 vs 7).
+    The NaN pattern never appears in block scales."""
+    h = ((bits & 128) << 8) | ((bits & 127) << 7)
+    return h.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 4194304.0  # 2^22 = 2^8 * 2^14
+
+
+@triton.jit
+def _nvfp4_tile(w_ptr, s_ptr, n64, mask_n, k_in, k0, dtype: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, GROUP_SCALES: tl.constexpr):
     """(low, high) nibble tiles [BLOCK_K/2, BLOCK_N] of dequant(W[n, k0:k0+BLOCK_K]).T without the global
-    scale, for a [*, k_in] NVFP4 matrix (packed bytes at w_ptr, E4M3 scale bytes at s_ptr). Masked bytes
-    decode to 0, so padding contributes nothing."""
-    packed = tl.load(w_ptr + n64[None, :] * (k_in // 2) + (k0 // 2 + half)[:, None], mask=mask, other=0).to(tl.int32)
-    # BLOCK_K is a multiple of 32 and k_in of 16, so both nibbles of a byte share one 16-element scale group.
-    sc = _e4m3(tl.load(s_ptr + n64[None, :] * (k_in // 16) + ((k0 + 2 * half) // 16)[:, None],
-                       mask=mask, other=0).to(tl.int32))
-    return (_e2m1(packed & 15) * sc).to(dtype), (_e2m1(packed >> 4) * sc).to(dtype)
+    scale, for a [*, k_in] NVFP4 matrix (packed bytes at w_ptr, E4M3 scale bytes at s_ptr). k_in is a multiple
+    of 16 and BLOCK_K of 32, so both nibbles of a byte share one 16-element scale group and masking whole
+    groups is exact. Masked bytes decode to 0, so padding contributes nothing."""
+    if GROUP_SCALES:  # [G, 8, N] bytes times a [G, 1, N] scale, one scale load per 16 weights
+        grp = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        mask = (grp < k_in // 16)[:, None] & mask_n[None, :]
+        sc_bits = tl.load(s_ptr + n64[None, :] * (k_in // 16) + grp[:, None], mask=mask, other=0)
+        sc = _e4m3_x2p14(sc_bits.to(tl.int32))[:, None, :]
+        byte = (grp * 8)[:, None, None] + tl.arange(0, 8)[None, :, None]
+        packed = tl.load(w_ptr + n64[None, None, :] * (k_in // 2) + byte, mask=mask[:, None, :],
+                         other=0).to(tl.int32)
+        lo = tl.reshape((_e2m1_f16x(packed & 15) * sc).to(dtype), [BLOCK_K // 2, BLOCK_N])
+        hi = tl.reshape((_e2m1_f16x(packed >> 4) * sc).to(dtype), [BLOCK_K // 2, BLOCK_N])
+        return lo, hi
+    else:  # [K/2, N] bytes, each with its own (repeated) scale byte
+        half = tl.arange(0, BLOCK_K // 2)
+        mask = (k0 // 2 + half < k_in // 2)[:, None] & mask_n[None, :]
+        packed = tl.load(w_ptr + n64[None, :] * (k_in // 2) + (k0 // 2 + half)[:, None], mask=mask,
+                         other=0).to(tl.int32)
+        sc_bits = tl.load(s_ptr + n64[None, :] * (k_in // 16) + ((k0 + 2 * half) // 16)[:, None], mask=mask,
+                          other=0)
+        sc = _e4m3_x2p14(sc_bits.to(tl.int32))
+        return (_e2m1_f16x(packed & 15) * sc).to(dtype), (_e2m1_f16x(packed >> 4) * sc).to(dtype)
+
+
+@triton.jit
+def _a_tile(ptr, rows64, valid, k_in, k0, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_A: tl.constexpr):
+    """(even, odd) columns [BLOCK_M, BLOCK_K/2] of A[rows, k0:k0+BLOCK_K] for a row-major [*, k_in] A."""
+    if SPLIT_A:  # one contiguous (vectorizable) load, de-interleaved in registers
+        kk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(ptr + rows64[:, None] * k_in + kk[None, :], mask=valid[:, None] & (kk < k_in)[None, :],
+                    other=0.0)
+        return tl.split(tl.reshape(a, [BLOCK_M, BLOCK_K // 2, 2]))
+    else:
+        half = tl.arange(0, BLOCK_K // 2)
+        mask = valid[:, None] & (k0 + 2 * half < k_in)[None, :]
+        cols = rows64[:, None] * k_in + (k0 + 2 * half)[None, :]
+        return tl.load(ptr + cols, mask=mask, other=0.0), tl.load(ptr + cols + 1, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -48,9 +162,14 @@ def _dot(a, w, acc, FP32_DOT: tl.constexpr):
 def nvfp4_grouped_gate_up_kernel(
     x_ptr, pair_ids_ptr, block_expert_ptr, rows_ptr, act_ptr, num_pairs, H, I, TOP_K, E, row_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
+    SPLIT_A: tl.constexpr, GROUP_SCALES: tl.constexpr,
 ):
-    pid_b = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    # 1-D grid, N blocks fastest: the CTAs that run together share their pairs' activation rows (L2) and
+    # read one expert's weight.
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(I, BLOCK_N)
+    pid_b = pid // num_n
+    pid_n = pid % num_n
     # align_pairs sorts by id, so a block's id is the row (expert or cache slot) all its pairs read.
     e = tl.load(block_expert_ptr + pid_b).to(tl.int64)
     if e >= E:  # block past the last padded run: nothing to do
@@ -64,19 +183,14 @@ def nvfp4_grouped_gate_up_kernel(
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < I
     gate_rows, up_rows = n.to(tl.int64), (n + I).to(tl.int64)
-    half = tl.arange(0, BLOCK_K // 2)
+    dtype = x_ptr.dtype.element_ty
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
-        mask_b = k0 // 2 + half < H // 2
-        a_mask = valid[:, None] & mask_b[None, :]
-        cols = tokens[:, None] * H + (k0 + 2 * half)[None, :]
-        a_even = tl.load(x_ptr + cols, mask=a_mask, other=0.0)
-        a_odd = tl.load(x_ptr + cols + 1, mask=a_mask, other=0.0)
-        mask = mask_b[:, None] & mask_n[None, :]
-        g_lo, g_hi = _nvfp4_tile(base, scales, gate_rows, H, k0, half, mask, x_ptr.dtype.element_ty)
+        a_even, a_odd = _a_tile(x_ptr, tokens, valid, H, k0, BLOCK_M, BLOCK_K, SPLIT_A)
+        g_lo, g_hi = _nvfp4_tile(base, scales, gate_rows, mask_n, H, k0, dtype, BLOCK_N, BLOCK_K, GROUP_SCALES)
         acc_g = _dot(a_odd, g_hi, _dot(a_even, g_lo, acc_g, FP32_DOT), FP32_DOT)
-        u_lo, u_hi = _nvfp4_tile(base, scales, up_rows, H, k0, half, mask, x_ptr.dtype.element_ty)
+        u_lo, u_hi = _nvfp4_tile(base, scales, up_rows, mask_n, H, k0, dtype, BLOCK_N, BLOCK_K, GROUP_SCALES)
         acc_u = _dot(a_odd, u_hi, _dot(a_even, u_lo, acc_u, FP32_DOT), FP32_DOT)
     g = acc_g * tl.load(globals_)  # gate and up share the block scales but not the global scale
     u = acc_u * tl.load(globals_ + 1)
@@ -89,9 +203,12 @@ def nvfp4_grouped_gate_up_kernel(
 def nvfp4_grouped_down_kernel(
     act_ptr, pair_ids_ptr, block_expert_ptr, wts_ptr, rows_ptr, out_ptr, num_pairs, H, I, E, row_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
+    SPLIT_A: tl.constexpr, GROUP_SCALES: tl.constexpr,
 ):
-    pid_b = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(H, BLOCK_N)
+    pid_b = pid // num_n
+    pid_n = pid % num_n
     e = tl.load(block_expert_ptr + pid_b).to(tl.int64)
     if e >= E:
         return
@@ -105,32 +222,39 @@ def nvfp4_grouped_down_kernel(
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < H
     n64 = n.to(tl.int64)
-    half = tl.arange(0, BLOCK_K // 2)
+    dtype = act_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
-        mask_b = k0 // 2 + half < I // 2
-        a_mask = valid[:, None] & mask_b[None, :]
-        cols = p64[:, None] * I + (k0 + 2 * half)[None, :]
-        a_even = tl.load(act_ptr + cols, mask=a_mask, other=0.0)
-        a_odd = tl.load(act_ptr + cols + 1, mask=a_mask, other=0.0)
-        w_lo, w_hi = _nvfp4_tile(down, scales, n64, I, k0, half, mask_b[:, None] & mask_n[None, :],
-                                 act_ptr.dtype.element_ty)
+        a_even, a_odd = _a_tile(act_ptr, p64, valid, I, k0, BLOCK_M, BLOCK_K, SPLIT_A)
+        w_lo, w_hi = _nvfp4_tile(down, scales, n64, mask_n, I, k0, dtype, BLOCK_N, BLOCK_K, GROUP_SCALES)
         acc = _dot(a_odd, w_hi, _dot(a_even, w_lo, acc, FP32_DOT), FP32_DOT)
     wt = tl.load(wts_ptr + p64, mask=valid, other=0.0).to(tl.float32)
     acc = acc * tl.load(globals_ + 2) * wt[:, None]
     tl.store(out_ptr + p64[:, None] * H + n64[None, :], acc, mask=valid[:, None] & mask_n[None, :])
 
 
-def _blocks(n: int, k: int, gpu: bool) -> tuple[int, int]:
-    # BLOCK_K is a multiple of 32 (each half-dot has K = BLOCK_K/2 >= 16 for tl.dot, and no scale group is
-    # split); on the GPU 64x128 tiles, in the interpreter smaller ones cut the masked waste on tiny shapes.
-    cap_n, cap_k = (64, 128) if gpu else (64, 64)
-    return min(cap_n, max(16, triton.next_power_of_2(n))), min(cap_k, max(32, triton.next_power_of_2(k)))
+def _clamp(block: int, size: int, low: int) -> int:
+    """A configured tile no larger than the problem needs (power of two >= low)."""
+    return min(block, max(low, triton.next_power_of_2(size)))
+
+
+def resolve_config(num_pairs: int, num_experts: int, gpu: bool,
+                   config: GroupedConfig | dict | None = None, block_m: int | None = None) -> GroupedConfig:
+    """config None -> choose_config; a dict -> choose_config's choice with those fields replaced; a
+    GroupedConfig as given. block_m (the older keyword) overrides the block size last."""
+    if config is None or isinstance(config, dict):
+        base = choose_config(num_pairs, num_experts, gpu)
+        config = dataclasses.replace(base, **config) if config else base
+    if block_m is not None:
+        config = dataclasses.replace(config, block_m=block_m)
+    return config.validate()
 
 
 def nvfp4_moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
-                      hidden: int, inter: int, block_m: int = 32) -> torch.Tensor:
-    """x [T, H], weights/ids [T, k] (ids index rows), rows uint8 [E, >= row bytes] -> [T, H] in x.dtype."""
+                      hidden: int, inter: int, block_m: int | None = None,
+                      config: GroupedConfig | dict | None = None) -> torch.Tensor:
+    """x [T, H], weights/ids [T, k] (ids index rows), rows uint8 [E, >= row bytes] -> [T, H] in x.dtype.
+    config: see resolve_config (None: choose_config's default for this many pairs per expert)."""
     if hidden % 16 or inter % 16:
         raise ValueError(f"NVFP4 needs hidden and inter to be multiples of 16, got {hidden}, {inter}")
     if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.stride(1) != 1 \
@@ -141,23 +265,26 @@ def nvfp4_moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     t, k = ids.shape
     e = rows.shape[0]
     num_pairs = t * k
-    ids_flat = ids.reshape(-1).contiguous()
-    pair_ids, block_expert = align_pairs(ids_flat, e, block_m)
-    num_blocks = block_expert.shape[0]
     gpu = x.device.type == "cuda"
+    cfg = resolve_config(num_pairs, e, gpu, config, block_m)
+    ids_flat = ids.reshape(-1).contiguous()
+    pair_ids, block_expert = align_pairs(ids_flat, e, cfg.block_m)
+    num_blocks = block_expert.shape[0]
     fp32_dot = x.dtype == torch.float32 or not gpu  # see _dot
+    launch = dict(BLOCK_M=cfg.block_m, FP32_DOT=fp32_dot, SPLIT_A=cfg.split_a, GROUP_SCALES=cfg.group_scales,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     # act in x's dtype: the down kernel's dot then runs on the tensor cores in bf16, like moe_grouped.
     act = torch.empty(num_pairs, inter, device=x.device, dtype=x.dtype)
-    block_n, block_k = _blocks(inter, hidden, gpu)
-    nvfp4_grouped_gate_up_kernel[(num_blocks, triton.cdiv(inter, block_n))](
+    block_n, block_k = _clamp(cfg.gu_block_n, inter, 16), _clamp(cfg.gu_block_k, hidden, 32)
+    nvfp4_grouped_gate_up_kernel[(num_blocks * triton.cdiv(inter, block_n),)](
         x.contiguous(), pair_ids, block_expert, rows, act, num_pairs, hidden, inter, k, e, rows.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
+        BLOCK_N=block_n, BLOCK_K=block_k, **launch,
     )
     pair_out = torch.empty(num_pairs, hidden, device=x.device, dtype=torch.float32)
-    block_n, block_k = _blocks(hidden, inter, gpu)
-    nvfp4_grouped_down_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
+    block_n, block_k = _clamp(cfg.dn_block_n, hidden, 16), _clamp(cfg.dn_block_k, inter, 32)
+    nvfp4_grouped_down_kernel[(num_blocks * triton.cdiv(hidden, block_n),)](
         act, pair_ids, block_expert, weights.reshape(-1).contiguous(), rows, pair_out, num_pairs,
-        hidden, inter, e, rows.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
+        hidden, inter, e, rows.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, **launch,
     )
     # Sum the k expert outputs of each token in slot order: deterministic, no atomics.
     per_slot = pair_out.view(t, k, hidden)
@@ -165,6 +292,72 @@ def nvfp4_moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     for j in range(1, k):
         out += per_slot[:, j]
     return out.to(x.dtype)
+
+
+def dequant_nvfp4_rows(rows: torch.Tensor, hidden: int, inter: int, dtype: torch.dtype = torch.bfloat16,
+                       chunk: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dequantize a whole bank of NVFP4 rows at once (torch, `chunk` experts at a time) into moe_grouped's
+    layout: gate_up [E, 2I, H] (gate rows first) and down [E, H, I] in dtype. Same values as
+    quant.formats.dequant_nvfp4 on each unpacked part, rounded once to dtype."""
+    from ..quant.formats import e2m1_table
+
+    h, i = hidden, inter
+    e = rows.shape[0]
+    sizes = [2 * i * h // 2, 2 * i * h // 16, h * i // 2, h * i // 16, 12]
+    offs = [0]
+    for s in sizes:
+        offs.append(offs[-1] + s)
+    table = e2m1_table(rows.device)
+    gate_up = torch.empty(e, 2 * i, h, device=rows.device, dtype=dtype)
+    down = torch.empty(e, h, i, device=rows.device, dtype=dtype)
+
+    def part(r, packed_at, scale_at, out_n, in_k, glob):  # r [c, row bytes] -> [c, out_n, in_k] fp32
+        c = r.shape[0]
+        packed = r[:, offs[packed_at]:offs[packed_at + 1]].reshape(c, out_n, in_k // 2)
+        codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(c, out_n, in_k).long()
+        scale = r[:, offs[scale_at]:offs[scale_at + 1]].contiguous().view(torch.float8_e4m3fn).float()
+        block = scale.reshape(c, out_n, in_k // 16, 1).expand(c, out_n, in_k // 16, 16).reshape(c, out_n, in_k)
+        return table[codes] * block * glob
+
+    for s in range(0, e, chunk):
+        r = rows[s:s + chunk, :offs[-1]]
+        c = r.shape[0]
+        g = r[:, offs[4]:offs[5]].contiguous().view(torch.float32).reshape(c, 3)
+        glob_gu = torch.cat([g[:, 0:1].expand(c, i), g[:, 1:2].expand(c, i)], dim=1)[:, :, None]
+        gate_up[s:s + c] = part(r, 0, 1, 2 * i, h, glob_gu).to(dtype)
+        down[s:s + c] = part(r, 2, 3, h, i, g[:, 2, None, None]).to(dtype)
+    return gate_up, down
+
+
+def random_nvfp4_rows(experts: int, hidden: int, inter: int, device=None, generator: torch.Generator | None = None,
+                      scale_bits: tuple[int, int] | None = None) -> torch.Tensor:
+    """Synthetic rows for tests and benches, fast at any size: uniform random E2M1 codes (every byte value),
+    E4M3 block scales uniform in [0.25, 2) (or, with scale_bits=(lo, hi), uniform raw bytes in [lo, hi) minus
+    the NaN patterns), global scales ~ 1 / (3 sqrt(fan-in)) so that outputs stay O(1). Made on the generator's
+    device (the default generator's: `device`), then moved to `device`."""
+    h, i = hidden, inter
+    where = generator.device if generator is not None else device
+    sizes = [2 * i * h // 2, 2 * i * h // 16, h * i // 2, h * i // 16]
+
+    def scales(n):
+        if scale_bits is None:
+            u = torch.rand(experts, n, generator=generator, device=where) * 1.75 + 0.25
+            return u.to(torch.float8_e4m3fn).view(torch.uint8)
+        b = torch.randint(scale_bits[0], scale_bits[1], (experts, n), generator=generator, dtype=torch.int32,
+                          device=where)
+        return torch.where((b & 127) == 127, b - 1, b).to(torch.uint8)
+
+    def codes(n):
+        return torch.randint(0, 256, (experts, n), generator=generator, dtype=torch.int32,
+                             device=where).to(torch.uint8)
+
+    parts = [codes(sizes[0]), scales(sizes[1]), codes(sizes[2]), scales(sizes[3])]
+    g = torch.tensor([1 / (3 * h ** 0.5), 1 / (3 * h ** 0.5), 1 / (3 * i ** 0.5)], device=where)
+    g = g * (0.5 + torch.rand(experts, 3, generator=generator, device=where))
+    parts.append(g.contiguous().view(torch.uint8))
+    rows = torch.cat(parts, dim=1)
+    assert rows.shape[1] == nvfp4_expert_row_bytes(h, i)
+    return rows.to(device)
 
 
 def nvfp4_moe_grouped_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
