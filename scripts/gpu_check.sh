@@ -4,8 +4,9 @@
 #   device run, carry [".whl"]:  bash scripts/gpu_check.sh
 # Env: TESTS (pytest paths; "none" skips), TEST_TIMEOUT, BENCH=0 (no resident bench), BENCH_ARGS (run
 # `qwenlocal bench $BENCH_ARGS` instead), BENCH_TIMEOUT, BENCH_TAIL, COPY=1 (expert-copy GB/s), PROFILE=1, PROFILE_PREFILL=1, OVERLAP_BENCH=1 (OVERLAP_TIMEOUT, OVERLAP_ARGS),
-# EXTRA_CMD (EXTRA_TIMEOUT), PROFILE_PREFILL_ARGS, PROBE=1. Order: tests, copy, overlap, extra, bench, profiles.
+# EXTRA_CMD (EXTRA_TIMEOUT), DEADLINE (s: the bench gets the rest), BENCH_NEEDS_TESTS=1, PROFILE_PREFILL_ARGS, PROBE=1. Order: tests, copy, overlap, extra, bench, profiles.
 set -uo pipefail
+T_START=$(date +%s)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -28,7 +29,12 @@ fi
 if [ -n "${EXTRA_CMD:-}" ]; then  # one more program before the bench (e.g. a kernel benchmark)
   timeout ${EXTRA_TIMEOUT:-150} bash -c "$EXTRA_CMD" 2>&1 | tee "$OUT/extra.log"
 fi
-if [ -n "${BENCH_ARGS:-}" ]; then
+if [ -n "${DEADLINE:-}" ]; then  # the bench gets what is left of DEADLINE seconds (it saves a partial result)
+  BENCH_TIMEOUT=$(( DEADLINE - ($(date +%s) - T_START) ))
+fi
+if [ -n "${BENCH_ARGS:-}" ] && [ "${BENCH_NEEDS_TESTS:-0}" = 1 ] && [ "$tests_rc" != 0 ]; then
+  echo "bench skipped: the tests failed (BENCH_NEEDS_TESTS=1)"
+elif [ -n "${BENCH_ARGS:-}" ]; then
   # `qwenlocal bench` with these arguments (wide table: the log is not a terminal)
   COLUMNS=240 timeout -s INT -k 30 ${BENCH_TIMEOUT:-900} python3 -m qwenlocal.app.cli bench --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
