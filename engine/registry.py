@@ -17,6 +17,10 @@ SYNTHETIC_PREFIX = "synthetic:"
 QWEN36_35B_A3B_BF16 = replace(QWEN36_35B_A3B_NVFP4, name="Qwen3.6-35B-A3B BF16", expert_bytes=6_291_456,
                               dense_bytes=4_896_711_936)
 QWEN35_35B_A3B_BF16 = replace(QWEN36_35B_A3B_BF16, name="Qwen3.5-35B-A3B BF16")
+# synthetic:qwen3.6-35b-a3b-nvfp4: BF16 dense weights (made in memory) and the experts as the engine's native
+# NVFP4 rows (quant/nvfp4_rows.py: 1,769,484 B); the plain synthetic model is the BF16 checkpoint's sizes.
+SYNTHETIC_QWEN36_NVFP4_EXPERTS = replace(QWEN36_35B_A3B_BF16, name="Qwen3.6-35B-A3B, NVFP4 experts (synthetic)",
+                                         expert_bytes=1_769_484)
 # Text-tower parameters (model-formats §2.7): routed experts + everything else. What the CPU path holds in its
 # compute dtype (float32 by default), whatever the checkpoint's storage format.
 QWEN36_TEXT_PARAMS = 32_212_254_720 + 2_448_355_968
@@ -64,8 +68,8 @@ KNOWN_MODELS: tuple[KnownModel, ...] = (
 # for the small ones, which need no fit check. The full-size one is sized as the NVFP4 checkpoint (DESIGN.md:
 # the bench simulates the 16 GB card with it); on the CPU it holds every weight in the compute dtype.
 SYNTHETIC_MODELS: dict[str, tuple[ModelFacts | None, int | None]] = {
-    "qwen3.6-35b-a3b": (QWEN36_35B_A3B_NVFP4, QWEN36_TEXT_PARAMS),
-    "qwen3.6-35b-a3b-nvfp4": (QWEN36_35B_A3B_NVFP4, QWEN36_TEXT_PARAMS),
+    "qwen3.6-35b-a3b": (QWEN36_35B_A3B_BF16, QWEN36_TEXT_PARAMS),
+    "qwen3.6-35b-a3b-nvfp4": (SYNTHETIC_QWEN36_NVFP4_EXPERTS, QWEN36_TEXT_PARAMS),
     "tiny": (None, None),
     "odd": (None, None),
     "small": (None, None),

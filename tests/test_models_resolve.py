@@ -1,6 +1,7 @@
 """Model resolution, every kind of reference: demo, folder, synthetic, registry alias and hub id (from the
 local HF cache, read by the real huggingface_hub), and the fit check that runs before loading."""
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def test_bad_folders(tiny_ckpt, tmp_path):
 def test_synthetic_passes_through_with_its_sizes():
     got = resolve_model("synthetic:qwen3.6-35b-a3b", check_fit=False)
     assert got.path is None and got.ref == "synthetic:qwen3.6-35b-a3b" and got.target == got.ref
-    assert got.kind == "synthetic" and got.facts() == QWEN36_35B_A3B_NVFP4
+    assert got.kind == "synthetic" and got.facts() == QWEN36_35B_A3B_BF16  # BF16 experts and dense weights
     tiny = resolve_model("synthetic:tiny")
     assert tiny.ref == "synthetic:tiny" and tiny.facts() is None
     assert resolve_model("Synthetic:Qwen3.6-35B-A3B", check_fit=False).ref == "synthetic:qwen3.6-35b-a3b"
@@ -128,3 +129,18 @@ def test_small_models_skip_the_probe(monkeypatch, tiny_ckpt):
     monkeypatch.setattr("qwenlocal.app.models.machine_profile", boom)
     assert resolve_model(str(tiny_ckpt)).kind == "local"
     assert resolve_model("synthetic:tiny").kind == "synthetic"
+
+
+def test_synthetic_sizes_are_what_the_engine_places():
+    """The fit check's sizes of the full-size synthetic models equal the engine's own (plan) arithmetic."""
+    from qwenlocal.engine.plan import ModelFacts
+    from qwenlocal.engine.quant.nvfp4_rows import nvfp4_expert_row_bytes
+    from qwenlocal.engine.synthetic import synthetic_config
+
+    for ref, nvfp4 in (("synthetic:qwen3.6-35b-a3b", False), ("synthetic:qwen3.6-35b-a3b-nvfp4", True)):
+        cfg = synthetic_config(ref, 0)
+        want = ModelFacts.from_config(cfg, expert_dtype_bytes=2, dense_dtype_bytes=2)
+        if nvfp4:
+            want = replace(want, expert_bytes=nvfp4_expert_row_bytes(cfg.hidden_size, cfg.moe.intermediate_size))
+        got = resolve_model(ref, check_fit=False).facts()
+        assert replace(got, name=want.name) == want
