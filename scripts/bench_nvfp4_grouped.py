@@ -28,6 +28,8 @@ import time
 
 import torch
 
+from bench_resident import timed as cuda_timed  # scripts/ is on sys.path when this runs as a script
+
 REAL = dict(hidden=2048, inter=512, experts=256, top_k=8)
 SMALL = dict(hidden=64, inter=32, experts=8, top_k=2)
 TILES = [dict(gu_block_n=64, gu_block_k=128, dn_block_n=128, dn_block_k=64),
@@ -39,22 +41,14 @@ MAX_ERR = 3e-2  # a bf16 output against the fp32 reference; more means a wrong c
 def timed(fn, repeat: int, cuda: bool) -> tuple[float, object]:
     """(median seconds of `repeat` calls after two warm-up calls, the first call's result)."""
     out = fn()
-    fn()
     if cuda:
-        torch.cuda.synchronize()
+        return cuda_timed(fn, repeat), out  # one more warm-up, then CUDA events
+    fn()
     times = []
     for _ in range(repeat):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
     return statistics.median(times), out
 
 
@@ -136,7 +130,8 @@ def main() -> int:
     sys.stdout.flush()
 
     def row(what, t, sec, err):
-        print(f"{what:<58} {t:>6} {sec * 1e3:>9.3f} {flops[t] / sec / 1e12:>8.2f} {err:>11.2e}", flush=True)
+        shown = "-" if err is None else f"{err:.2e}"  # None: the row's output is the row above's
+        print(f"{what:<58} {t:>6} {sec * 1e3:>9.3f} {flops[t] / sec / 1e12:>8.2f} {shown:>11}", flush=True)
 
     # The target: BF16 experts through moe_grouped, and the dequantize-once option.
     deq_sec, (gate_up, down) = timed(lambda: dequant_nvfp4_rows(rows, h, i, dtype, chunk=64), repeat, cuda)
@@ -152,7 +147,7 @@ def main() -> int:
             row(f"{dense} moe_grouped block_m={bm}" + (" (engine default)" if bm == 32 else ""), t, sec,
                 max_rel(out, ref))
     for t in tokens:
-        row(f"dequant+{dense}: dequantize bank + moe_grouped block_m=32", t, deq_sec + bf16[32, t], float("nan"))
+        row(f"dequant+{dense}: dequantize bank + moe_grouped block_m=32", t, deq_sec + bf16[32, t], None)
 
     results = {}  # config -> {t: seconds}
 
