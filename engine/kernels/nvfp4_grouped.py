@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .moe_triton import align_pairs
 from ..quant.nvfp4_rows import unpack_nvfp4_expert  # noqa: F401 (re-exported for the tests)
-from .nvfp4_triton import nvfp4_expert_row_bytes
+from .nvfp4_triton import nvfp4_expert_row_bytes, nvfp4_row_parts
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,7 @@ def nvfp4_grouped_gate_up_kernel(
     valid = pairs < num_pairs
     tokens = (pairs // TOP_K).to(tl.int64)
     base = rows_ptr + e * row_stride
-    scales = base + I * H  # after gate_up packed [2I, H/2]
-    globals_ = (base + I * H + I * H // 8 + H * I // 2 + H * I // 16).to(tl.pointer_type(tl.float32))
+    scales, _, _, globals_ = nvfp4_row_parts(base, H, I)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < I
     gate_rows, up_rows = n.to(tl.int64), (n + I).to(tl.int64)
@@ -216,9 +215,7 @@ def nvfp4_grouped_down_kernel(
     valid = pairs < num_pairs
     p64 = pairs.to(tl.int64)
     base = rows_ptr + e * row_stride
-    down = base + I * H + I * H // 8
-    scales = down + H * I // 2
-    globals_ = (scales + H * I // 16).to(tl.pointer_type(tl.float32))
+    _, down, scales, globals_ = nvfp4_row_parts(base, H, I)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < H
     n64 = n.to(tl.int64)

@@ -76,13 +76,23 @@ def nvfp4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, scale
 
 
 @triton.jit
+def nvfp4_row_parts(base, H, I):
+    """Where the parts of one NVFP4 expert row start (quant/nvfp4_rows.py): gate_up packed [2I, H/2] at base,
+    then its E4M3 scales [2I, H/16], down packed [H, I/2], its scales [H, I/16], and the fp32 globals
+    (gate, up, down). -> (gate_up scales, down, down scales, globals as an fp32 pointer)."""
+    gu_scales = base + I * H
+    down = gu_scales + I * H // 8
+    down_scales = down + H * I // 2
+    return gu_scales, down, down_scales, (down_scales + H * I // 16).to(tl.pointer_type(tl.float32))
+
+
+@triton.jit
 def nvfp4_moe_gate_up_kernel(x_ptr, ids_ptr, rows_ptr, act_ptr, H, I, row_bytes,
                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     j = tl.program_id(0)
     pid_n = tl.program_id(1)
     base = rows_ptr + tl.load(ids_ptr + j).to(tl.int64) * row_bytes
-    scales = base + I * H  # after gate_up packed [2I, H/2]
-    globals_ = (base + I * H + I * H // 8 + H * I // 2 + H * I // 16).to(tl.pointer_type(tl.float32))
+    scales, _, _, globals_ = nvfp4_row_parts(base, H, I)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < I
     half = tl.arange(0, BLOCK_K // 2)
@@ -107,9 +117,7 @@ def nvfp4_moe_down_kernel(act_ptr, ids_ptr, wts_ptr, rows_ptr, out_ptr, H, I, ro
     pid_m = tl.program_id(0)
     j = tl.program_id(1)
     base = rows_ptr + tl.load(ids_ptr + j).to(tl.int64) * row_bytes
-    down = base + I * H + I * H // 8
-    scales = down + H * I // 2
-    globals_ = (scales + H * I // 16).to(tl.pointer_type(tl.float32))
+    _, down, scales, globals_ = nvfp4_row_parts(base, H, I)
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = m < H
     m64 = m.to(tl.int64)
