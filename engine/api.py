@@ -305,8 +305,8 @@ class Engine:
         workspace = getattr(self.model.kernels.attention, "workspace_bytes", 0)
         if workspace:
             out["attention_workspace"] = workspace
-        if self.runner.graph_reserved_bytes:  # measured at capture: what each overlap split's graph costs
-            out["decode_graph"] = self.runner.graph_reserved_bytes
+        if self.runner.decode_graph_bytes:  # measured at capture: what each overlap split's graph costs
+            out["decode_graph"] = self.runner.decode_graph_bytes
         out["device_total"] = sum(v for k, v in out.items() if k not in ("host_expert_bank", "quantized_linears"))
         if self.options.vram_budget is not None:
             out["vram_budget"] = self.options.vram_budget

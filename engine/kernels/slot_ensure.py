@@ -93,9 +93,10 @@ class FusedEnsure:
     """Per-layer output buffers (fixed addresses for the decode graph; a layer's plan is still read by its
     side-stream copy until the layer's join, so layers never share them) and the launch."""
 
-    def __init__(self, num_layers: int, top_k: int, device: torch.device):
+    def __init__(self, num_layers: int, top_k: int, num_slots: int, device: torch.device):
         self.k = top_k
         self.kp = triton.next_power_of_2(top_k)
+        self.tile = min(1024, triton.next_power_of_2(num_slots))  # stamps scanned per step of the victim pass
         self.final = torch.zeros(num_layers, self.kp, dtype=torch.long, device=device)
         self.src = torch.zeros(num_layers, self.kp, dtype=torch.long, device=device)
         self.dst = torch.zeros(num_layers, self.kp, dtype=torch.long, device=device)
@@ -104,9 +105,8 @@ class FusedEnsure:
     def __call__(self, cache, layer: int, ids: torch.Tensor):
         """-> (final slots [k], src [k], dst [k], count [1]) as views of this layer's buffers."""
         k = self.k
-        tile = min(1024, triton.next_power_of_2(cache.num_slots))
         _ensure_kernel[(1,)](ids.reshape(-1), cache.slot_map, cache.slot_key, cache.stamps, cache.clock,
                              cache.hits, cache.misses, self.final[layer], self.src[layer], self.dst[layer],
                              self.count[layer], layer * cache.num_experts, cache.num_slots,
-                             K=k, KP=self.kp, TILE=tile, BIG=BIG, num_warps=4)
+                             K=k, KP=self.kp, TILE=self.tile, BIG=BIG, num_warps=4)
         return self.final[layer, :k], self.src[layer, :k], self.dst[layer, :k], self.count[layer]

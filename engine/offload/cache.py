@@ -27,13 +27,13 @@ class MissPlan:
     count: torch.Tensor  # [1] int64: how many leading entries are misses
 
 
-def _fused_ensure(num_layers: int, top_k: int, device: torch.device):
+def _fused_ensure(num_layers: int, top_k: int, num_slots: int, device: torch.device):
     """The one-launch decode ensure (kernels/slot_ensure.py), or None where Triton is missing."""
     try:
         from ..kernels.slot_ensure import FusedEnsure
     except ImportError:
         return None
-    return FusedEnsure(num_layers, top_k, device)
+    return FusedEnsure(num_layers, top_k, num_slots, device)
 
 
 class ExpertSlotCache:
@@ -60,7 +60,7 @@ class ExpertSlotCache:
         self._scratch_key = layers * e
         if fused_ensure is None:
             fused_ensure = device.type == "cuda"
-        self._fused = _fused_ensure(layers, k, device) if fused_ensure else None
+        self._fused = _fused_ensure(layers, k, num_slots, device) if fused_ensure else None
         # Prefill streams each layer's whole bank into one of two buffers (the baseline layer-major improves on).
         # With enough slots the buffers are the trailing 2 x E slots, lent for the prefill and refilled from the
         # bank after it (the slots are idle while a prompt streams); else a dedicated allocation.

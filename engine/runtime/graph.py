@@ -32,7 +32,7 @@ class DecodeGraph:
         self.position = torch.zeros(1, dtype=torch.long, device=dev)
         self.graph = torch.cuda.CUDAGraph()
         self.logits: torch.Tensor | None = None
-        self.reserved_bytes = 0  # the device memory of the graph's private pool (measured after capture)
+        self.pool_bytes = 0  # the device memory of the graph's private pool (measured after capture)
 
     def capture(self) -> None:
         """Warm up on a side stream (as torch requires), capture, then restore the state it disturbed."""
@@ -48,7 +48,7 @@ class DecodeGraph:
         with torch.cuda.graph(self.graph):
             self.logits = self._step()
         torch.cuda.synchronize()
-        self.reserved_bytes = graph_pool_bytes(self.graph)
+        self.pool_bytes = graph_pool_bytes(self.graph)
         self.state.restore(snap)
         if routing_at is not None:
             self.model.routing.position.copy_(routing_at)

@@ -52,9 +52,9 @@ class Runner:
         return self._state
 
     @property
-    def graph_reserved_bytes(self) -> int:
-        """Device memory the captured decode graph added (its private pool and warm-up blocks); 0 before capture."""
-        return self._graph.reserved_bytes if self._graph is not None else 0
+    def decode_graph_bytes(self) -> int:
+        """Device memory of the captured decode graph's private pool; 0 before capture (or without graphs)."""
+        return self._graph.pool_bytes if self._graph is not None else 0
 
     def _make_state(self) -> SequenceState:
         m = self.model
