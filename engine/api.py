@@ -14,8 +14,9 @@ from .env import read_env
 from .errors import ContextLimitError, OptionError, QwenlocalError
 from .events import EngineError, Event, ReasoningDelta, Stats, TokenDelta, TurnDone
 from .load import load_weights
-from .choices import (apply_plan, check_slots, choose_overlap, context_limit, machine_plan,  # noqa: F401
-                      native_linears, native_nvfp4_experts, offload_bank, placement_of, stored_dense_bytes)
+from .choices import (apply_plan, check_slots, choose_overlap, context_limit, fp8_scaled_mm,  # noqa: F401
+                      machine_plan, native_linears, native_nvfp4_experts, offload_bank, placement_of,
+                      stored_dense_bytes)
 from .offload.bank import DENSE, HostExpertBank
 from .quant.nvfp4_rows import NVFP4_ROWS
 from .quant.scheme import NVFP4, parse_quant_scheme
@@ -121,6 +122,7 @@ class Engine:
             native = native_nvfp4_experts(opts, scheme.format_of("layers.0.mlp.experts"), dev)
             keep_linears, linear_kernels = native_linears(opts, dev)
             keep_linears = keep_linears and scheme.quantized
+            scaled_mm = fp8_scaled_mm(opts, dev)  # may refuse this GPU: before anything is read or pinned
             if dev.type == "cuda":
                 plan = machine_plan(config, opts, dtype, native, stored_dense_bytes(ckpt) if keep_linears else None)
                 opts = apply_plan(opts, plan)
@@ -128,7 +130,8 @@ class Engine:
             step = (lambda done, total: progress("weights", done, total)) if progress else None
             sink = None if bank is None else (bank.put_rows if native else bank.put)
             weights = load_weights(ckpt, config, dtype, dev, progress=step, expert_sink=sink, native_nvfp4=native,
-                                   native_linears=keep_linears, linear_kernels=linear_kernels)
+                                   native_linears=keep_linears, linear_kernels=linear_kernels,
+                                   fp8_scaled_mm=scaled_mm)
         max_context = context_limit(config, opts)
         placed = placement_of(weights, bank)
         cache = ExpertSlotCache(config, bank, opts.expert_slots, dev) if bank is not None else None

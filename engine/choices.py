@@ -100,7 +100,21 @@ def native_linears(opts: EngineOptions, device: torch.device) -> tuple[bool, boo
     kernels = device.type == "cuda" and _triton_available()
     if opts.linear_format == "dequantized":
         return False, False
-    return (opts.linear_format == "native" or kernels), kernels
+    return (opts.linear_format == "native" or opts.fp8_prefill == "scaled-mm" or kernels), kernels
+
+
+def fp8_scaled_mm(opts: EngineOptions, device: torch.device) -> bool:
+    """FP8 prefill as W8A8 on tensor cores. "auto" keeps W8A16: measured on the H200 it saved <placeholder>,
+    while its activation rounding moves prefill's numbers away from the decode GEMV's (docs/RESULTS.md)."""
+    from .kernels.fp8_scaled_mm import fp8_tensor_cores
+
+    if opts.fp8_prefill != "scaled-mm":
+        return False
+    if not fp8_tensor_cores(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise OptionError(f"fp8_prefill=scaled-mm needs FP8 tensor cores (sm_89 or newer); this GPU is "
+                          f"sm_{major}{minor}. Use fp8_prefill=auto (dequantize).")
+    return True
 
 
 def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype, native_nvfp4: bool = False,

@@ -164,13 +164,15 @@ def load_weights(
     ckpt: Checkpoint, cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
     progress: ProgressFn | None = None, expert_sink: Callable[..., None] | None = None,
     native_nvfp4: bool = False, native_linears: bool = False, linear_kernels: bool = False,
+    fp8_scaled_mm: bool = False,
 ) -> dict[str, torch.Tensor]:
     """expert_sink(layer, gate_up, down): receives each layer's experts (on the CPU) instead of the returned
     dict, so an offloaded model streams them into its host bank without a second full copy.
     native_nvfp4: NVFP4 experts stay in their 4-bit bytes, one packed row per expert (quant/nvfp4_rows.py):
     expert_sink(layer, rows [E, row_bytes]) or `layers.L.mlp.experts.nvfp4_rows` in the returned dict.
     native_linears: FP8/NVFP4 dense weights become QuantLinear layers holding the checkpoint's bytes on `device`
-    (linear_kernels: their decode GEMV runs in Triton) instead of tensors dequantized to `dtype`."""
+    (linear_kernels: their decode GEMV runs in Triton) instead of tensors dequantized to `dtype`;
+    fp8_scaled_mm: their FP8 prefill runs W8A8 on tensor cores."""
     scheme = parse_quant_scheme(cfg.quantization)
     check_scheme_matches(ckpt, scheme)
     shapes = dense_shapes(cfg)
@@ -186,7 +188,8 @@ def load_weights(
                     for item in (v if isinstance(v, list) else [v])
                     for e in (item.values() if isinstance(item, dict) else [item])}
     expert_names |= {e.key for _, group in quantized.values() for e in group.values()}
-    # Activation/KV scales of W8A8 kernels are expected extras: the reference path keeps activations unquantized.
+    # Activation/KV scales of W8A8 kernels are expected extras: BF16-activation paths do not use them, and the
+    # W8A8 prefill quantizes activations per token (kernels/fp8_scaled_mm.py says why not the static scale).
     extras = (".input_scale", ".k_scale", ".v_scale", ".q_scale", ".prob_scale")
     unused = sorted(n for n, e in ckpt.entries.items()
                     if n not in entries and e.key not in expert_names and not n.endswith(extras))
@@ -210,7 +213,7 @@ def load_weights(
     for name, (fmt, group) in quantized.items():
         if native_linears:
             out[name] = QuantLinear(fmt, {k: reader.get(e).to(device) for k, e in group.items()}, dtype,
-                                    use_kernels=linear_kernels)
+                                    use_kernels=linear_kernels, fp8_scaled_mm=fp8_scaled_mm)
         else:  # dequantized once at load (the CPU reference path)
             out[name] = _dequant(reader, group, fmt, dtype).to(device)
         done += 1

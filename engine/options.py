@@ -11,6 +11,7 @@ PREFILL_MODES = ("auto", "chunked", "layer-major")
 OVERLAP_MODES = ("auto", "off", "copy-side", "shared-side")
 EXPERT_FORMATS = ("auto", "dense", "nvfp4")
 LINEAR_FORMATS = ("auto", "native", "dequantized")
+FP8_PREFILL = ("auto", "dequantize", "scaled-mm")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -52,6 +53,10 @@ class EngineOptions:
     # Offloaded experts: a prompt of at most this many new tokens prefills through the slot cache (only its
     # missing experts cross PCIe) instead of streaming every layer's bank; 0 always streams.
     slot_prefill_tokens: int = 64
+    # FP8 linears in prefill: "dequantize" = W8A16 (the weight dequantized per chunk, BF16 activations: the
+    # decode GEMV's numbers); "scaled-mm" = W8A8 on FP8 tensor cores (activations quantized per token; a few
+    # per cent error per matmul); "auto" = dequantize (see choices.fp8_scaled_mm for why).
+    fp8_prefill: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefill_chunk, int) or isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 1:
@@ -74,6 +79,11 @@ class EngineOptions:
             raise OptionError(f"slot_prefill_tokens must be a number of tokens >= 0, got {self.slot_prefill_tokens!r}")
         if self.linear_format not in LINEAR_FORMATS:
             raise OptionError(f"linear_format {self.linear_format!r} is not one of {', '.join(LINEAR_FORMATS)}")
+        if self.fp8_prefill not in FP8_PREFILL:
+            raise OptionError(f"fp8_prefill {self.fp8_prefill!r} is not one of {', '.join(FP8_PREFILL)}")
+        if self.fp8_prefill == "scaled-mm" and self.linear_format == "dequantized":
+            raise OptionError("fp8_prefill=scaled-mm multiplies the checkpoint's FP8 bytes; it cannot run with "
+                              "linear_format=dequantized (use linear_format=auto or native)")
         object.__setattr__(self, "vram_budget", parse_bytes(self.vram_budget, "vram_budget"))
 
     @classmethod

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import argparse
 import time
+import traceback
+import warnings
+from collections import Counter
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -50,6 +54,30 @@ def intersect(x, y) -> float:
     return acc
 
 
+def sync_sites(run) -> Counter:
+    """Run once with torch's sync debug mode on; count each synchronizing op by its Python call site."""
+    sites: Counter = Counter()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if any(p in f.filename for p in ("qwenlocal", "/fla/", "flashinfer"))]
+        sites[" <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-3:][::-1])
+              or f"{filename}:{lineno}"] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sites
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("tokens", nargs="?", type=int, default=16384)
@@ -82,7 +110,11 @@ def main() -> None:
     for row in prof.key_averages():
         if row.key.startswith(SYNC_NAMES) or row.key.strip() in (s.strip() for s in SYNC_NAMES):
             print(f"  {row.key:32} x{row.count:6}  {row.cpu_time_total / 1e3:9.1f} ms")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
+    sites = sync_sites(lambda: runner.prefill(runner.new_state(), ids))
+    print(f"synchronizing ops in one prefill: {sum(sites.values())}")
+    for site, n in sites.most_common(15):
+        print(f"  x{n:6}  {site}")
     print(eng.stats().get("prefill_stream_copies"), "stream copies;", eng.stats().get("prefill_stream_bytes"), "bytes")
 
 

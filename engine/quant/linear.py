@@ -6,12 +6,15 @@ goes through a W8A16 / W4A16 GEMV that dequantizes on the fly (Triton, graph-cap
 dequantize the weight in row blocks of at most BLOCK_BYTES into a transient buffer and run a dense matmul
 (compute-bound there, so the dequantization is a small extra). Without the kernels (the CPU reference
 path) every call dequantizes, which is exactly what loading dequantized weights would compute.
+With fp8_scaled_mm, an FP8 layer's prefill (more than one token) runs W8A8 on the tensor cores instead
+(kernels/fp8_scaled_mm.py: activations quantized per token, the weight bytes used as stored).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from ..kernels.fp8_scaled_mm import fp8_linear_w8a8, rowwise_supported, shapes_supported
 from .formats import dequant_fp8, dequant_nvfp4
 from .scheme import FP8, NVFP4
 
@@ -19,9 +22,11 @@ BLOCK_BYTES = 64 * 2**20  # transient dequantized rows per block in prefill (the
 
 
 class QuantLinear:
-    def __init__(self, fmt: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype, use_kernels: bool):
+    def __init__(self, fmt: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype, use_kernels: bool,
+                 fp8_scaled_mm: bool = False):
         """fmt FP8: tensors weight (float8_e4m3fn [N, K]) and weight_scale; NVFP4: weight (uint8 [N, K/2]),
-        weight_scale (float8_e4m3fn [N, K/16]) and weight_scale_2. dtype: what the dequantized weight is."""
+        weight_scale (float8_e4m3fn [N, K/16]) and weight_scale_2. dtype: what the dequantized weight is.
+        fp8_scaled_mm: FP8 prefill as W8A8 on tensor cores (ignored for NVFP4 and for unaligned shapes)."""
         if fmt not in (FP8, NVFP4):
             raise ValueError(f"no quantized linear for format {fmt!r}")
         self.fmt, self.dtype, self.use_kernels = fmt, dtype, use_kernels
@@ -32,6 +37,8 @@ class QuantLinear:
         self.nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         row_bytes = self.in_features * torch.finfo(dtype).bits // 8
         self.block_rows = max(1, BLOCK_BYTES // row_bytes)
+        self.scaled_mm = fp8_scaled_mm and fmt == FP8 and shapes_supported(self.in_features, self.out_features)
+        self.rowwise = self.scaled_mm and rowwise_supported(w.device)
 
     @property
     def device(self) -> torch.device:
@@ -59,6 +66,9 @@ class QuantLinear:
 
                 y = fp8_gemv(flat[0], t["weight"], t["weight_scale"])
             return y.to(x.dtype).view(*lead, self.out_features)
+        if self.scaled_mm and flat.shape[0] > 1:
+            t = self.tensors
+            return fp8_linear_w8a8(flat, t["weight"], t["weight_scale"], self.rowwise).view(*lead, self.out_features)
         if self.block_rows >= self.out_features:
             return F.linear(x, self.dequantize())
         parts = [F.linear(flat, self.dequantize(r, r + self.block_rows))
