@@ -97,6 +97,12 @@ class FlashInferAttention:
             torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device),
             self._indptr, self._indices, self._last, kv_layout="NHD")
         self._host_indices = torch.arange(self.max_pages, dtype=torch.int32)
+        # Why: plan() writes its metadata into a pinned host buffer and copies it to the GPU asynchronously; a
+        # second plan() before that copy ran would rewrite the bytes it is about to read (an illegal memory access
+        # at 64K layer-major once the MoE stopped syncing; mini-sglang#103). One event per wrapper marks the
+        # previous plan's copy; the next plan waits for it, not for the whole GPU.
+        self._planned = {"prefill": torch.cuda.Event(), "decode": torch.cuda.Event()}
+        self.plan_guard = True  # the GPU test's negative control turns it off
 
     def new_kv(self, dtype: torch.dtype, device: torch.device, max_len: int) -> PagedKV:
         shape = (self.max_pages, self.page_size, self.num_kv_heads, self.head_dim)
@@ -108,6 +114,9 @@ class FlashInferAttention:
         indptr = torch.tensor([0, pages], dtype=torch.int32)
         last = torch.tensor([kv_len - (pages - 1) * self.page_size], dtype=torch.int32)
         indices = self._host_indices[:pages]
+        planned = self._planned["decode" if decode else "prefill"]
+        if self.plan_guard:
+            planned.synchronize()  # returns at once before the first record
         if decode:
             self.decode.plan(indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim,
                              self.page_size, pos_encoding_mode="NONE", q_data_type=self.dtype,
@@ -116,6 +125,7 @@ class FlashInferAttention:
             self.prefill.plan(torch.tensor([0, t], dtype=torch.int32), indptr, indices, last, self.num_heads,
                               self.num_kv_heads, self.head_dim, self.page_size, causal=True,
                               q_data_type=self.dtype, kv_data_type=self.dtype)
+        planned.record()
 
     def attend(self, kv: PagedKV, q, k, v, positions: torch.Tensor, start: int, decode: bool) -> torch.Tensor:
         kv.write(positions, k, v)
