@@ -55,7 +55,7 @@ class EngineOptions:
     slot_prefill_tokens: int = 64
     # FP8 linears in prefill: "dequantize" = W8A16 (the weight dequantized per chunk, BF16 activations: the
     # decode GEMV's numbers); "scaled-mm" = W8A8 on FP8 tensor cores (activations quantized per token; a few
-    # per cent error per matmul); "auto" = dequantize (see choices.fp8_scaled_mm for why).
+    # per cent error per matmul); "auto" = dequantize (choices.fp8_scaled_mm says why).
     fp8_prefill: str = "auto"
 
     def __post_init__(self) -> None:

@@ -44,7 +44,9 @@ elif [ "${BENCH:-1}" = 1 ]; then
   if [ "${PROFILE:-0}" = 1 ]; then python3 scripts/profile_decode.py 2>&1 | tee "$OUT/profile.log" | tail -40; fi
 fi
 if [ "${PROFILE_PREFILL:-0}" = 1 ]; then
-  timeout ${PROFILE_TIMEOUT:-400} python3 scripts/profile_prefill.py ${PROFILE_PREFILL_ARGS:-16384} 2>&1 | tee "$OUT/profile_prefill.log" | head -40
+  # not `tee | head`: head's exit would cut the log and kill the profiler with SIGPIPE before its last report
+  timeout ${PROFILE_TIMEOUT:-400} python3 scripts/profile_prefill.py ${PROFILE_PREFILL_ARGS:-16384} > "$OUT/profile_prefill.log" 2>&1
+  head -60 "$OUT/profile_prefill.log"
 fi
 t2=$(date +%s)
 probe_rc=skipped

@@ -76,7 +76,8 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
             for i, (a, b) in enumerate(bounds):
                 if cancel is not None and cancel.is_set():
                     raise GenerationCancelled("prefill cancelled")
-                attention.prepare(start + a, b - a, decode=False)
+                if layer.is_attention:  # the plan only serves attention layers (3 in 4 are GatedDeltaNet)
+                    attention.prepare(start + a, b - a, decode=False)
                 if routing is not None:
                     routing.advance(a)  # the trace rows chunked prefill would give this chunk
                 out = layer.forward(xs[i], positions[i], state, start + a, decode=False)
