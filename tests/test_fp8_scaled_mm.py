@@ -54,12 +54,14 @@ def test_scaled_mm_matches_its_fp32_emulation(t, k, n, rowwise):
 def test_w8a8_error_against_w8a16_is_present_and_bounded():
     """What the option costs in accuracy: E4M3 activations (3 mantissa bits) vs BF16 ones, same weights."""
     w, s, x = layer(2048, 512)
+    x[1] *= 3e3  # 1.5e5 x the quiet rows: under one shared scale they fall into E4M3's subnormals
     x = x.to(torch.bfloat16)
     w8a16 = x.float() @ dequant_fp8(w, s).t()
-    per_row = rel(fsm.fp8_linear_w8a8(x, w, s, True), w8a16)
-    per_tensor = rel(fsm.fp8_linear_w8a8(x, w, s, False), w8a16)
+    quiet = [i for i in range(x.shape[0]) if i != 1]
+    per_row = rel(fsm.fp8_linear_w8a8(x, w, s, True)[quiet], w8a16[quiet])
+    per_tensor = rel(fsm.fp8_linear_w8a8(x, w, s, False)[quiet], w8a16[quiet])
     assert 1e-3 < per_row < 6e-2, per_row  # not the W8A16 path, and at E4M3's level
-    assert per_row < per_tensor  # the loud token costs the quiet ones precision only with one scale
+    assert per_tensor > 2 * per_row  # the loud token costs the quiet ones precision only with one scale
 
 
 def test_quant_linear_runs_w8a8_for_prefill_only():

@@ -21,9 +21,12 @@ _TINY = 1e-12  # an all-zero row: any positive scale quantizes it to zeros
 
 def quantize_activations(x: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (E4M3 [M, K], fp32 scale [M, 1] per row, or [] per tensor) with x ~ q * scale."""
-    amax = x.abs().amax(dim=-1, keepdim=True) if rowwise else x.abs().amax()
+    # Four passes over x-sized data: max |x| (one reduction, no |x| copy), x / scale (promoted to fp32 in the
+    # division itself), the clamp in place, the cast.
+    amax = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1, keepdim=True) if rowwise else x.abs().max()
     scale = amax.float().clamp(min=_TINY) / FP8_MAX
-    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    # (a 0-dim fp32 divisor would not promote a bf16 x: the per-tensor scale divides as [1, 1])
+    q = torch.div(x, scale if rowwise else scale.reshape(1, 1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
 
 
