@@ -52,14 +52,6 @@ class QuantLinear:
             return dequant_nvfp4(t["weight"][rows], t["weight_scale"][rows], t["weight_scale_2"], self.dtype)
         return dequant_fp8(t["weight"][rows], t["weight_scale"], self.dtype)
 
-    def _prefill_rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """dequantize(start, stop), for FP8 in one Triton pass on the GPU (byte-equal to the torch one)."""
-        if self.fmt == FP8 and self.use_kernels:
-            from ..kernels.fp8_triton import fp8_dequant
-
-            return fp8_dequant(self.tensors["weight"][start:stop], self.tensors["weight_scale"], self.dtype)
-        return self.dequantize(start, stop)
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         flat = x.reshape(-1, self.in_features)
@@ -78,8 +70,8 @@ class QuantLinear:
             t = self.tensors
             return fp8_linear_w8a8(flat, t["weight"], t["weight_scale"], self.rowwise).view(*lead, self.out_features)
         if self.block_rows >= self.out_features:
-            return F.linear(x, self._prefill_rows())
-        parts = [F.linear(flat, self._prefill_rows(r, r + self.block_rows))
+            return F.linear(x, self.dequantize())
+        parts = [F.linear(flat, self.dequantize(r, r + self.block_rows))
                  for r in range(0, self.out_features, self.block_rows)]
         return torch.cat(parts, dim=-1).view(*lead, self.out_features)
 
