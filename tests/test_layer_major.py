@@ -225,3 +225,37 @@ def test_cancel_mid_prefill_gives_the_slots_back(tiny_ckpt):
     keys = cache.slot_key[:-1]
     assert (keys >= 0).all() and torch.equal(cache.rows[:-1], cache.bank.rows[keys])
     assert all(torch.equal(a, b) for a, b in zip(before, (cache.rows, cache.slot_map, cache.slot_key)))
+
+
+@pytest.mark.parametrize("mode", ["chunked", "layer-major"])
+def test_every_attention_call_runs_on_its_own_plan_and_no_plan_is_wasted(tiny_ckpt, mode):
+    """FlashInfer's plan (prepare) is the expensive host step, and each one now waits for the previous plan's
+    copy: layer-major plans right before each attention layer's chunk and nowhere else; chunked once a chunk.
+    Either way an attention call always runs on the plan for its own (start, length)."""
+    eng = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"prefill_chunk": CHUNK, "expert_slots": 20,
+                                                                   "prefill_mode": mode})
+    backend, log = eng.model.kernels.attention, []
+    prepare, attend = backend.prepare, backend.attend
+
+    def logged_prepare(start, t, decode):
+        log.append(("plan", start, t))
+        return prepare(start, t, decode)
+
+    def logged_attend(kv, q, k, v, positions, start, decode):
+        log.append(("attend", start, q.shape[0]))
+        return attend(kv, q, k, v, positions, start, decode)
+
+    backend.prepare, backend.attend = logged_prepare, logged_attend
+    length = 3 * CHUNK + 9
+    eng.runner.prefill(eng.runner.new_state(), torch.arange(length))
+    plans = [e for e in log if e[0] == "plan"]
+    attends = [e for e in log if e[0] == "attend"]
+    attention_layers = sum(layer.is_attention for layer in eng.model.layers)
+    assert attention_layers >= 1 and len(attends) == attention_layers * 4
+    last = None
+    for event in log:
+        if event[0] == "plan":
+            last = event[1:]
+        else:
+            assert event[1:] == last
+    assert len(plans) == (len(attends) if mode == "layer-major" else 4)
