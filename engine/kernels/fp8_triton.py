@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .nvfp4_triton import _e4m3
+from .nvfp4_triton import _e4m3, _e4m3_exact, _store_exact, exact_out
 
 
 @triton.jit
@@ -44,27 +44,12 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torc
 
 
 @triton.jit
-def _e4m3_exact(bits):
-    # The same decode as _e4m3, built from the bits (no exp2): bit-exact against torch's float8_e4m3fn cast.
-    e = ((bits >> 3) & 15).to(tl.int32)
-    m = (bits & 7).to(tl.int32)
-    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)  # 2^(e-7) * (1 + m/8)
-    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormal: m * 2^-9
-    return tl.where((bits & 128) != 0, -mag, mag)
-
-
-@triton.jit
 def fp8_dequant_kernel(w_ptr, s_ptr, out_ptr, numel, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     bits = tl.load(w_ptr + offs, mask=mask, other=0).to(tl.int32)
     value = _e4m3_exact(bits) * tl.load(s_ptr).to(tl.float32)
-    if OUT_BF16:  # round to nearest even by hand: Triton's interpreter truncates in .to(bfloat16), the GPU rounds
-        ib = value.to(tl.int32, bitcast=True)
-        ib = ib + 0x7FFF + ((ib >> 16) & 1)
-        tl.store(out_ptr + offs, (ib >> 16).to(tl.int16), mask=mask)
-    else:
-        tl.store(out_ptr + offs, value.to(out_ptr.dtype.element_ty), mask=mask)
+    _store_exact(out_ptr + offs, value, mask, OUT_BF16)
 
 
 def fp8_dequant(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -76,6 +61,6 @@ def fp8_dequant(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -
     out = torch.empty(weight.shape, device=weight.device, dtype=dtype)
     block = 4096
     bf16 = dtype == torch.bfloat16
-    fp8_dequant_kernel[(triton.cdiv(w.numel(), block),)](w, scale.reshape(1).float(), out.view(torch.int16) if bf16
-                                                         else out, w.numel(), BLOCK=block, OUT_BF16=bf16)
+    fp8_dequant_kernel[(triton.cdiv(w.numel(), block),)](w, scale.reshape(1).float(), exact_out(out), w.numel(),
+                                                         BLOCK=block, OUT_BF16=bf16)
     return out

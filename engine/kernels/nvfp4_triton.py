@@ -35,6 +35,69 @@ def _e4m3(bits):
 
 
 @triton.jit
+def _e4m3_exact(bits):
+    # The same decode as _e4m3, built from the bits (no exp2): bit-exact against torch's float8_e4m3fn cast.
+    e = ((bits >> 3) & 15).to(tl.int32)
+    m = (bits & 7).to(tl.int32)
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)  # 2^(e-7) * (1 + m/8)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormal: m * 2^-9
+    return tl.where((bits & 128) != 0, -mag, mag)
+
+
+@triton.jit
+def _e2m1_exact(code):
+    # The same decode as _e2m1, built from the bits (no exp2): 0.5 * m, or 2^(e-1) * (1 + m/2) for e > 0.
+    e = ((code >> 1) & 3).to(tl.int32)
+    m = (code & 1).to(tl.int32)
+    normal = (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
+    return tl.where((code & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _store_exact(ptr, value, mask, OUT_BF16: tl.constexpr):
+    """Store fp32 values as the output dtype, bf16 rounded to nearest even by hand: Triton's interpreter
+    truncates in .to(tl.bfloat16) while the GPU rounds, and the torch references round (ptr: int16 for bf16)."""
+    if OUT_BF16:
+        ib = value.to(tl.int32, bitcast=True)
+        ib = ib + 0x7FFF + ((ib >> 16) & 1)
+        tl.store(ptr, (ib >> 16).to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr, value.to(ptr.dtype.element_ty), mask=mask)
+
+
+def exact_out(out: torch.Tensor) -> torch.Tensor:
+    """The tensor _store_exact writes: bf16 as its int16 bits."""
+    return out.view(torch.int16) if out.dtype == torch.bfloat16 else out
+
+
+@triton.jit
+def nvfp4_dequant_kernel(w_ptr, s_ptr, g_ptr, out_ptr, numel, K, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    row, col = offs // K, offs % K
+    packed = tl.load(w_ptr + row * (K // 2) + col // 2, mask=mask, other=0).to(tl.int32)
+    code = tl.where((col & 1) == 0, packed & 15, packed >> 4)  # element 2j in the low nibble
+    scale = _e4m3_exact(tl.load(s_ptr + row * (K // 16) + col // 16, mask=mask, other=0).to(tl.int32))
+    value = _e2m1_exact(code) * scale * tl.load(g_ptr).to(tl.float32)  # quant.formats' order of products
+    _store_exact(out_ptr + offs, value, mask, OUT_BF16)
+
+
+def nvfp4_dequant(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One pass for what quant.formats.dequant_nvfp4 computes in about ten (int64 codes, a table gather, the
+    repeated block scales, fp32 products), byte-equal to it in Triton's interpreter. For the W4A16 prefill of
+    the NVFP4 dense linears (the shared expert, once per chunk); QuantLinear takes it once
+    scripts/bench_fp8_prefill.py has shown it byte-equal on a GPU (not yet run there)."""
+    n, k = packed.shape[0], packed.shape[1] * 2
+    out = torch.empty(n, k, device=packed.device, dtype=dtype)
+    block = 4096
+    nvfp4_dequant_kernel[(triton.cdiv(n * k, block),)](
+        packed.contiguous(), scale.contiguous().view(torch.uint8), scale2.reshape(1).float(), exact_out(out),
+        n * k, k, BLOCK=block, OUT_BF16=dtype == torch.bfloat16)
+    return out
+
+
+@triton.jit
 def _nvfp4_block_dot(w_ptr, s_ptr, rows64, k_in, k0, half, mask, x_even, x_odd):
     """sum over one K block of dequant(W[rows, k0:k0+BLOCK_K]) * x, for rows of a [*, k_in] NVFP4 matrix whose
     packed bytes start at w_ptr and E4M3 scale bytes at s_ptr (global scale applied by the caller)."""
