@@ -18,13 +18,11 @@ of --prompt tokens. Also the output error of W8A8 against W8A16 on these random 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-from bench_resident import timed as cuda_timed  # scripts/ is on sys.path when this runs as a script
+from bench_nvfp4_grouped import timed as timed_with_result  # scripts/ is on sys.path when run as a script
 from qwenlocal.engine.kernels.fp8_triton import fp8_dequant
 from qwenlocal.engine.kernels.nvfp4_triton import nvfp4_dequant
 from qwenlocal.engine.quant.formats import quantize_fp8, quantize_nvfp4
@@ -55,15 +53,7 @@ def one_pass(fmt: str, t: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def timed(fn, repeat: int, cuda: bool) -> float:
-    if cuda:
-        return cuda_timed(fn, repeat)
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return timed_with_result(fn, repeat, cuda)[0]
 
 
 def main() -> None:
