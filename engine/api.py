@@ -14,7 +14,7 @@ from .env import read_env
 from .errors import ContextLimitError, OptionError, QwenlocalError
 from .events import EngineError, Event, ReasoningDelta, Stats, TokenDelta, TurnDone
 from .load import load_weights
-from .choices import (apply_plan, check_slots, choose_overlap, context_limit, fp8_scaled_mm,  # noqa: F401
+from .choices import (apply_plan, check_slots, choose_overlap, context_limit, fp8_scaled_mm, fused_decode,  # noqa: F401
                       machine_plan, native_linears, native_nvfp4_experts, offload_bank, placement_of,
                       stored_dense_bytes)
 from .offload.bank import DENSE, HostExpertBank
@@ -96,6 +96,7 @@ class Engine:
         dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise OptionError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+        use_fused = fused_decode(opts, dev)  # refuses decode_kernels=fused on the CPU before any loading
         plan = None
         if is_synthetic(path):
             _, geometry, _ = synthetic_geometry(str(path))
@@ -136,7 +137,8 @@ class Engine:
         placed = placement_of(weights, bank)
         cache = ExpertSlotCache(config, bank, opts.expert_slots, dev) if bank is not None else None
         overlap, overlap_reason = choose_overlap(opts, dev, cache, plan)
-        model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context), cache, overlap)
+        model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context,
+                                                             fused_decode=use_fused), cache, overlap)
         model.overlap_reason = overlap_reason
         if routing is not None:
             model.use_routing(RoutingTrace.from_spec(routing, config.num_layers, config.moe.num_experts,

@@ -154,5 +154,18 @@ def choose_overlap(opts: EngineOptions, device: torch.device, cache, plan=None) 
     return DecodeOverlap(opts.overlap, CudaStreams(device)), f"{opts.overlap} forced by option"
 
 
+def fused_decode(opts: EngineOptions, device: torch.device) -> bool:
+    """Whether the decode step runs the fused Triton kernels: "auto" on a GPU, "fused" refused on the CPU (the
+    interpreter would take minutes per token), "reference" never."""
+    if opts.decode_kernels == "reference":
+        return False
+    if device.type != "cuda":
+        if opts.decode_kernels == "fused":
+            raise OptionError("decode_kernels=fused needs a CUDA GPU with Triton; on the CPU use decode_kernels=auto "
+                              "or reference")
+        return False
+    return True
+
+
 def context_limit(config: ModelConfig, options: EngineOptions) -> int:
     return min(options.max_context or config.max_position_embeddings, config.max_position_embeddings)

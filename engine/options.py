@@ -12,6 +12,7 @@ OVERLAP_MODES = ("auto", "off", "copy-side", "shared-side")
 EXPERT_FORMATS = ("auto", "dense", "nvfp4")
 LINEAR_FORMATS = ("auto", "native", "dequantized")
 FP8_PREFILL = ("auto", "dequantize", "scaled-mm")
+DECODE_KERNELS = ("auto", "fused", "reference")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -57,6 +58,10 @@ class EngineOptions:
     # decode GEMV's numbers); "scaled-mm" = W8A8 on FP8 tensor cores (activations quantized per token; a few
     # per cent error per matmul); "auto" = dequantize (choices.fp8_scaled_mm says why).
     fp8_prefill: str = "auto"
+    # The batch-1 decode step: "fused" = the fused Triton decode kernels (fewer, larger launches: merged
+    # projections, fused norms/router/GDN step/attention prologue, all-SM expert GEMVs); "reference" = the
+    # unfused torch/Triton path they are tested against; "auto" = fused on a GPU with Triton.
+    decode_kernels: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefill_chunk, int) or isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 1:
@@ -81,6 +86,8 @@ class EngineOptions:
             raise OptionError(f"linear_format {self.linear_format!r} is not one of {', '.join(LINEAR_FORMATS)}")
         if self.fp8_prefill not in FP8_PREFILL:
             raise OptionError(f"fp8_prefill {self.fp8_prefill!r} is not one of {', '.join(FP8_PREFILL)}")
+        if self.decode_kernels not in DECODE_KERNELS:
+            raise OptionError(f"decode_kernels {self.decode_kernels!r} is not one of {', '.join(DECODE_KERNELS)}")
         if self.fp8_prefill == "scaled-mm" and self.linear_format == "dequantized":
             raise OptionError("fp8_prefill=scaled-mm multiplies the checkpoint's FP8 bytes; it cannot run with "
                               "linear_format=dequantized (use linear_format=auto or native)")

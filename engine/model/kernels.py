@@ -25,6 +25,7 @@ class Kernels:
     # The same two over native NVFP4 expert rows: f(x, weights, ids, rows).
     experts_prefill_nvfp4: Callable | None = None
     experts_decode_nvfp4: Callable | None = None
+    fused_decode: bool = False  # the batch-1 decode step runs the fused Triton kernels (options.decode_kernels)
 
 
 # Head sizes FlashInfer ships/compiles attention kernels for, and fla's GDN kernels handle.
@@ -41,7 +42,7 @@ def _triton_available() -> bool:
 
 
 def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_len: int,
-                   attention: str = "auto") -> Kernels:
+                   attention: str = "auto", fused_decode: bool = False) -> Kernels:
     a = cfg.attention
     choices = {}
     if device.type != "cuda":
@@ -88,7 +89,11 @@ def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, m
         nvfp4 = _nvfp4_references(cfg)
         choices["moe"] = ("torch", "Triton is not available: per-expert loop (syncs; no CUDA graphs)")
     graph_safe = attn.graph_safe and decode is not routed_experts_decode_reference
-    return Kernels(attn, gdn, prefill, decode, graph_safe, choices, *nvfp4)
+    fused = fused_decode and decode is not routed_experts_decode_reference
+    choices["decode"] = (("fused", "fused Triton batch-1 decode kernels") if fused else
+                         ("reference", "the unfused decode path" + ("" if not fused_decode else
+                                                                    " (Triton is not available)")))
+    return Kernels(attn, gdn, prefill, decode, graph_safe, choices, *nvfp4, fused_decode=fused)
 
 
 def _nvfp4_references(cfg: ModelConfig) -> tuple[Callable, Callable]:
