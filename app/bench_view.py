@@ -12,10 +12,11 @@ from qwenlocal.engine.bench.stats import METRICS
 
 # Columns in this order when present; the roofline column is always shown (empty with a note if unknown).
 SHOWN = ("decode_tok_s", "ttft_s", "hit_rate", "misses_per_token", "h2d_bytes_per_token", "prompt_h2d_bytes",
-         "roofline_tok_s")
+         "roofline_tok_s", "kernels_per_step", "hbm_roofline_tok_s", "hbm_fraction")
 RATIO_OF = ("decode_tok_s", "ttft_s")
 DIGITS = {"decode_tok_s": 1, "ttft_s": 3, "prefill_tok_s": 0, "roofline_tok_s": 1, "hit_rate": 3,
-          "misses_per_token": 1, "h2d_bytes_per_token": 0, "prompt_h2d_bytes": 0}
+          "misses_per_token": 1, "h2d_bytes_per_token": 0, "prompt_h2d_bytes": 0, "kernels_per_step": 0,
+          "hbm_roofline_tok_s": 0, "hbm_fraction": 3}
 
 
 def _fmt(s: dict | None, digits: int) -> str:

@@ -59,3 +59,41 @@ def prefill_flops(cfg: ModelConfig, tokens: int) -> int:
     a = cfg.attention
     attention = n_attn * 2 * 2 * a.num_heads * a.head_dim * tokens * tokens // 2
     return 2 * active * tokens + attention
+
+
+def _nbytes(weight) -> int:
+    """A plain tensor's bytes, or a QuantLinear's stored bytes (FP8/NVFP4 codes + scales)."""
+    return weight.nbytes if not hasattr(weight, "element_size") else weight.numel() * weight.element_size()
+
+
+def model_step_bytes(model, context: int) -> dict[str, int]:
+    """Bytes one batch-1 decode step of this built model must read (or write) at `context` tokens, from the
+    weights as they are stored (a mixed FP8/NVFP4/BF16 checkpoint is counted in its own bytes): every dense
+    weight once, one embedding row, top_k routed experts per layer, the KV of the attention layers, and the
+    GDN states read and written. The HBM roofline of the step is their sum / the device's bandwidth."""
+    dense = _nbytes(model.norm) + _nbytes(model.lm_head_w)
+    dense += model.embed.shape[1] * model.embed.element_size()
+    experts = kv = state = 0
+    cfg = model.cfg
+    for layer in model.layers:
+        dense += _nbytes(layer.input_norm) + _nbytes(layer.post_norm)
+        dense += sum(_nbytes(w) for w in vars(layer.mixer).values() if _is_weight(w))
+        moe = layer.moe
+        dense += _nbytes(moe.router_w) + _nbytes(moe.shared_gate) + sum(_nbytes(w) for w in moe.shared)
+        weights = getattr(moe.experts, "weights", None) or moe.experts.cache.decode_weights
+        per_expert = sum(w[0].numel() * w.element_size() for w in weights)
+        experts += cfg.moe.top_k * per_expert
+        if layer.is_attention:
+            a = cfg.attention
+            kv += context * 2 * a.num_kv_heads * a.head_dim * model.embed.element_size()
+        else:
+            lin = cfg.linear
+            state += 2 * (lin.num_value_heads * lin.key_head_dim * lin.value_head_dim * 4
+                          + lin.conv_dim * (lin.conv_kernel - 1) * model.embed.element_size())
+    return {"dense": dense, "experts": experts, "kv": kv, "state": state,
+            "total": dense + experts + kv + state}
+
+
+def _is_weight(value) -> bool:
+    return hasattr(value, "nbytes") and (not hasattr(value, "dim") or value.dim() >= 1) and \
+        not isinstance(value, (int, float, str))

@@ -4,7 +4,11 @@
 #   device run, carry [".whl"]:  bash scripts/gpu_check.sh
 # Env: TESTS (pytest paths; "none" skips), TEST_TIMEOUT, BENCH=0 (no resident bench), BENCH_ARGS (run
 # `qwenlocal bench $BENCH_ARGS` instead), BENCH_TIMEOUT, BENCH_TAIL, COPY=1 (expert-copy GB/s), PROFILE=1, PROFILE_PREFILL=1, OVERLAP_BENCH=1 (OVERLAP_TIMEOUT, OVERLAP_ARGS),
-# EXTRA_CMD (EXTRA_TIMEOUT), DEADLINE (s: the bench gets the rest), BENCH_NEEDS_TESTS=1, PROFILE_PREFILL_ARGS, PROBE=1. Order: tests, copy, overlap, extra, bench, profiles.
+# EXTRA_CMD (EXTRA_TIMEOUT), DEADLINE (s: the bench gets the rest), BENCH_NEEDS_TESTS=1, PROFILE_PREFILL_ARGS, PROBE=1,
+# PROFILE_DECODE_ARGS (run scripts/profile_decode.py with them first; PROFILE_DECODE_TIMEOUT).
+# Order: profile_decode, tests, copy, overlap, extra, bench, profiles.
+# Kernel caches: a carried .cache-carry/kcache.tgz.* (from an earlier call's $OUT) is unpacked before anything
+# compiles, and the caches are packed again into $OUT/kcache.tgz.* (15 MiB pieces) at the end (KCACHE_SAVE=0: not).
 set -uo pipefail
 T_START=$(date +%s)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -13,6 +17,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . || exit 1
 export QWENLOCAL_HOME=$(mktemp -d)
+# Triton, FlashInfer and fla JIT caches in one folder: a fresh machine compiles for ~2-3 min without them.
+KCACHE=/tmp/kcache; mkdir -p "$KCACHE"
+export TRITON_CACHE_DIR=$KCACHE/triton FLASHINFER_WORKSPACE_BASE=$KCACHE/flashinfer
+if ls .cache-carry/kcache.tgz.* >/dev/null 2>&1 && [ ! -e "$KCACHE/.restored" ]; then
+  cat .cache-carry/kcache.tgz.* | tar -xzf - -C "$KCACHE" && touch "$KCACHE/.restored" && echo "kernel caches restored: $(du -sh $KCACHE | cut -f1)"
+fi
+if [ -n "${PROFILE_DECODE_ARGS:-}" ]; then
+  timeout ${PROFILE_DECODE_TIMEOUT:-400} python3 scripts/profile_decode.py --json "$OUT/profile_decode.json" $PROFILE_DECODE_ARGS > "$OUT/profile_decode.log" 2>&1
+  echo "profile_decode rc=$?"; grep -A8 "== summary ==" "$OUT/profile_decode.log" || tail -30 "$OUT/profile_decode.log"
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 t0=$(date +%s)
@@ -53,6 +67,11 @@ probe_rc=skipped
 if [ "${PROBE:-0}" = 1 ]; then
   python3 scripts/gpu_probe.py --out "$OUT" --full 2>&1 | tee "$OUT/probe.log"
   probe_rc=${PIPESTATUS[0]}
+fi
+
+if [ "${KCACHE_SAVE:-1}" = 1 ]; then
+  (cd "$KCACHE" && tar --exclude=.restored -czf - . | split -b 15m -d - "$OUT/kcache.tgz.")
+  echo "kernel caches packed: $(ls "$OUT"/kcache.tgz.* | wc -l) piece(s), $(du -ch "$OUT"/kcache.tgz.* | tail -1 | cut -f1)"
 fi
 
 echo

@@ -1,32 +1,146 @@
 #!/usr/bin/env python3
-"""Diagnostics (not a benchmark): where one decode step of the full-size synthetic model spends GPU time.
-Eager (no graph) so the profiler sees each kernel; prints the top kernels by CUDA time."""
+"""Diagnostics (not a benchmark): where one batch-1 decode step spends GPU time, so the next bottleneck is
+visible without reading code. Prints, per arm (--decode-kernels, default both):
+  - one eager step under the torch profiler: kernels per step, kernel time per step, the top kernels by time
+    (calls and microseconds per step);
+  - the CUDA-graph step: median ms per step over timed replays (CUDA events) and the kernels per replay
+    (the profiler sees a graph's kernels one by one);
+  - the step's HBM roofline: the bytes it must read (engine/roofline.py model_step_bytes, the weights in their
+    stored formats) over the measured device bandwidth, and the fraction of it the graph step reaches.
+With --json PATH, the same figures as JSON.
+
+    python scripts/profile_decode.py --model synthetic:qwen3.6-35b-a3b-nvfp4 --context 16384 [--vram-budget 16GiB]
+"""
 from __future__ import annotations
 
-import sys
+import argparse
+import json
+import statistics
+from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from qwenlocal.engine import Engine
+from qwenlocal.engine.roofline import model_step_bytes
+
+
+def device_bandwidth() -> float:
+    """Bytes per second of a 1 GiB device-to-device copy (read + write)."""
+    src = torch.empty(2**29, dtype=torch.uint16, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / median_seconds(lambda: dst.copy_(src), 10)
+
+
+def median_seconds(fn, repeat: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def kernel_table(prof, steps: int) -> tuple[int, float, list[tuple[str, float, float]]]:
+    """(kernels per step, kernel us per step, [(name, calls per step, us per step)] by time)."""
+    calls, micros = defaultdict(int), defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            calls[ev.name] += 1
+            micros[ev.name] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+    rows = sorted(((n, calls[n] / steps, micros[n] / steps) for n in calls), key=lambda r: -r[2])
+    return sum(calls.values()) // steps, sum(micros.values()) / steps, rows
+
+
+def profile_steps(runner, state, token, steps: int):
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.decode(state, token)
+        torch.cuda.synchronize()
+    return prof
+
+
+def arm(model: str, context: int, decode_kernels: str, budget: str | None, routing: str | None, top: int) -> dict:
+    opts = {"max_context": context + 512, "decode_kernels": decode_kernels}
+    if routing:
+        opts["routing"] = routing
+    eng = Engine.from_pretrained(model, device="cuda", dtype=torch.bfloat16, vram_budget=budget, options=opts)
+    runner = eng.runner
+    token = torch.tensor([5], device="cuda")
+    out = {"decode_kernels": decode_kernels, "context": context, "graph": runner.use_graph}
+    state = runner.new_state()
+    runner.prefill(state, torch.randint(0, 600, (context,), device="cuda"))
+    # Eager: the graph-bound state is driven through the model's own path (runner.decode replays the graph).
+    runner.use_graph = False
+    for _ in range(3):
+        runner.decode(state, token)
+    n, us, rows = kernel_table(profile_steps(runner, state, token, 3), 3)
+    out.update(eager_kernels_per_step=n, eager_kernel_us_per_step=us, top=[list(r) for r in rows[:top]])
+    runner.use_graph = out["graph"]
+    if runner.use_graph:
+        for _ in range(8):
+            runner.decode(state, token)
+        out["graph_ms_per_step"] = 1e3 * median_seconds(lambda: runner.decode(state, token), 50)
+        gn, gus, _ = kernel_table(profile_steps(runner, state, token, 3), 3)
+        out.update(graph_kernels_per_step=gn, graph_kernel_us_per_step=gus)
+    out["step_bytes"] = model_step_bytes(eng.model, context)
+    out["plan"] = {k: v["value"] for k, v in eng.plan.items()}
+    _KEEP.append(eng)  # the next arm shares this synthetic model's weights instead of making them again
+    return out
+
+
+_KEEP: list = []
 
 
 def main() -> None:
-    ctx = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
-    eng = Engine.from_pretrained("synthetic:qwen3.6-35b-a3b", device="cuda", dtype=torch.bfloat16,
-                                 options={"max_context": ctx + 64, "cuda_graphs": False})
-    runner = eng.runner
-    state = runner.new_state()
-    runner.prefill(state, torch.randint(0, 600, (ctx,), device="cuda"))
-    tok = torch.tensor([5], device="cuda")
-    for _ in range(3):
-        runner.decode(state, tok)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            runner.decode(state, tok)
-        torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="synthetic:qwen3.6-35b-a3b-nvfp4")
+    p.add_argument("--context", type=int, default=16384)
+    p.add_argument("--vram-budget", default=None)
+    p.add_argument("--routing", default="calibrated-28")
+    p.add_argument("--decode-kernels", default="reference,fused")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    bw = device_bandwidth()
+    results = []
+    for dk in a.decode_kernels.split(","):
+        r = arm(a.model, a.context, dk, a.vram_budget, a.routing, a.top)
+        r["device_bandwidth_gbps"] = bw / 1e9
+        roof_ms = 1e3 * r["step_bytes"]["total"] / bw
+        r["hbm_roofline_ms"] = roof_ms
+        if "graph_ms_per_step" in r:
+            r["hbm_fraction"] = roof_ms / r["graph_ms_per_step"]
+        results.append(r)
+        print(f"\n== {a.model} · {dk} · context {a.context:,} · budget {a.vram_budget or 'all'} ==")
+        print(f"eager: {r['eager_kernels_per_step']:,} kernels/step, {r['eager_kernel_us_per_step'] / 1e3:.2f} ms "
+              f"kernel time/step")
+        print(f"{'kernel':<72} {'calls/step':>10} {'us/step':>9} {'share':>6}")
+        for name, calls, us in r["top"]:
+            print(f"{name[:72]:<72} {calls:>10.1f} {us:>9.1f} {us / r['eager_kernel_us_per_step']:>6.1%}")
+        b = r["step_bytes"]
+        print(f"step bytes: {b['total'] / 1e9:.3f} GB (dense {b['dense'] / 1e9:.3f}, experts {b['experts'] / 1e9:.3f}, "
+              f"KV {b['kv'] / 1e9:.3f}, state {b['state'] / 1e9:.3f}); device bandwidth {bw / 1e9:,.0f} GB/s; "
+              f"roofline {roof_ms:.3f} ms/step")
+        if "graph_ms_per_step" in r:
+            print(f"graph: {r['graph_ms_per_step']:.3f} ms/step ({1e3 / r['graph_ms_per_step']:.1f} tok/s), "
+                  f"{r['graph_kernels_per_step']:,} kernels/replay, {r['hbm_fraction']:.1%} of the HBM roofline")
+    print("\n== summary ==")
+    print(f"{'arm':<10} {'eager kernels':>13} {'graph kernels':>13} {'graph ms':>9} {'tok/s':>7} {'roofline ms':>11} "
+          f"{'fraction':>8}")
+    for r in results:
+        g = r.get("graph_ms_per_step")
+        print(f"{r['decode_kernels']:<10} {r['eager_kernels_per_step']:>13,} {r.get('graph_kernels_per_step', 0):>13,} "
+              f"{g or float('nan'):>9.3f} {1e3 / g if g else float('nan'):>7.1f} {r['hbm_roofline_ms']:>11.3f} "
+              f"{r.get('hbm_fraction', float('nan')):>8.1%}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

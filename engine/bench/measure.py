@@ -48,7 +48,57 @@ def timed_trial(engine, prompt: Sequence[int], output_tokens: int) -> dict:
            "stats_prefill": delta(s0, s1), "stats_decode": delta(s1, s2), "stats": s2}
     if on_gpu:
         out["transient_peak_bytes"] = torch.cuda.max_memory_allocated(dev) - held
+        out.update(decode_step_facts(engine, state, token, len(prompt) + steps // 2))
     return out
+
+
+_DEVICE_GBPS: dict[str, float] = {}
+
+
+def device_gbps(dev) -> float:
+    """The device's memory bandwidth (GB/s) as a 1 GiB device-to-device copy measures it (read + write),
+    once per process and device: the HBM roofline's denominator."""
+    import torch
+
+    key = str(dev)
+    if key not in _DEVICE_GBPS:
+        src = torch.empty(2**29, dtype=torch.uint16, device=dev)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        _DEVICE_GBPS[key] = 2 * src.numel() * 2 / sorted(times)[len(times) // 2] / 1e9
+        del src, dst
+    return _DEVICE_GBPS[key]
+
+
+def decode_step_facts(engine, state, token, context: int) -> dict:
+    """After the timed steps (the trial's state is discarded after this): the bytes one decode step must read
+    at this context (weights as stored, top-k experts, KV, GDN states), the device bandwidth, and the kernels
+    one step launches, counted once per engine by the profiler over two steps (a graph's kernels are seen one
+    by one). derive() turns them into the step's HBM roofline and the fraction of it reached."""
+    from ..roofline import model_step_bytes
+
+    facts = {"step_bytes": model_step_bytes(engine.model, context)["total"], "device_gbps": device_gbps(engine.device)}
+    if getattr(engine, "_kernels_per_step", None) is None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        runner = engine.runner
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(2):
+                token = runner.decode(state, token)[-1:].argmax(-1)
+            torch.cuda.synchronize()
+        kernels = sum(1 for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA)
+        engine._kernels_per_step = kernels / 2
+    facts["kernels_per_step"] = engine._kernels_per_step
+    return facts
 
 
 class EngineSession:

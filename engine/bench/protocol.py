@@ -118,6 +118,14 @@ def derive(trial: Mapping[str, Any], bandwidth_gbps: float | None = None) -> dic
         bounds.append(gpu_s / steps)
     if bounds and max(bounds) > 0:
         out["roofline_tok_s"] = 1.0 / max(bounds)
+    # The step's HBM roofline: bytes it must read / the device's measured bandwidth (GPU trials only).
+    step_bytes, gbps = trial.get("step_bytes"), trial.get("device_gbps")
+    out["kernels_per_step"] = trial.get("kernels_per_step")
+    out["hbm_roofline_tok_s"] = gbps * 1e9 / step_bytes if step_bytes and gbps else None
+    if out["hbm_roofline_tok_s"] and out["decode_tok_s"]:
+        out["hbm_fraction"] = out["decode_tok_s"] / out["hbm_roofline_tok_s"]
+    else:
+        out["hbm_fraction"] = None
     return out
 
 

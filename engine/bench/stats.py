@@ -21,6 +21,9 @@ METRICS: dict[str, tuple[str, str, bool]] = {
     "misses_per_token": ("misses/token", "", False),
     "h2d_bytes_per_token": ("H2D/token", "B", False),
     "prompt_h2d_bytes": ("H2D/prompt", "B", False),
+    "kernels_per_step": ("kernels/step", "", False),
+    "hbm_roofline_tok_s": ("HBM roofline", "tok/s", True),
+    "hbm_fraction": ("of HBM roofline", "", True),
 }
 
 

@@ -95,6 +95,7 @@ class SparseMoE:
     def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels, experts, overlap):
         p = f"layers.{layer}.mlp."
         self.layer, self.top_k, self.kernels, self.overlap = layer, cfg.moe.top_k, kernels, overlap
+        self.hidden, self.inter = cfg.hidden_size, cfg.moe.intermediate_size
         self.routing = None  # a synthetic RoutingTrace (benchmarks only): replaces the ids, keeps the weights
         self.router_w = w[p + "gate.weight"]
         self.experts = experts

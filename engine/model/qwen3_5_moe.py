@@ -73,6 +73,10 @@ class Qwen35MoeModel:
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int,
                 decode: bool = False) -> torch.Tensor:
         """ids [T] at `positions` (device) = start..start+T-1 -> final-normed hidden [T, H]."""
+        if decode and self.kernels.fused_decode and ids.shape[0] == 1:
+            from . import decode_fused
+
+            return decode_fused.forward(self, ids, positions, state, start)
         x = self.embed_ids(ids)
         for layer in self.layers:
             x = layer.forward(x, positions, state, start, decode)
@@ -85,4 +89,8 @@ class Qwen35MoeModel:
         return rms_norm_zero_centered(x, self.norm, self.cfg.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.kernels.fused_decode and hidden.shape[0] == 1:
+            from . import decode_fused
+
+            return decode_fused.logits(self, hidden)
         return linear(hidden, self.lm_head_w).float()

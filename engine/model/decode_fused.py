@@ -1,0 +1,154 @@
+"""The fused batch-1 decode step (options.decode_kernels="fused"): the same model, fewer and larger kernels.
+
+Why: the unfused step launched ~185 kernels per layer (7,394 per token on the H200, 11.6 ms); a CUDA graph
+removes their CPU cost, not the 1-3 us each one takes on the GPU. Here one layer is about a dozen launches:
+  residual add + RMSNorm (one kernel, twice per layer; the MoE output is added by the next layer's norm)
+  GDN:       in_proj_qkv+z and in_proj_b+a in merged GEMVs -> one fused conv/l2norm/gating/delta-rule/gated-norm
+             step -> out_proj GEMV
+  attention: q+k+v in one GEMV -> q/k RMSNorm + partial RoPE in one kernel -> FlashInfer decode -> sigmoid gate
+             -> o_proj GEMV
+  MoE:       router + shared-expert gate in one GEMV -> softmax/top-k/renormalise/sigmoid in one kernel ->
+             ensure (offloaded) -> routed experts + the shared expert over NVFP4 bytes in two kernels
+The unfused path (the model's own forward) is the reference these are tested against (tests/
+test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
+deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
+from ..kernels.gdn_decode import gdn_decode_step
+from ..kernels.gemv_multi import gemv, gemv_multi
+from ..kernels.nvfp4_experts_decode import expert_down, expert_gate_up
+from ..quant.linear import QuantLinear
+from ..quant.scheme import NVFP4
+from .ops import swiglu
+
+if TYPE_CHECKING:
+    from .attention import GatedAttention
+    from .cache import SequenceState
+    from .gdn import GatedDeltaNet
+    from .moe import SparseMoE
+    from .qwen3_5_moe import Qwen35MoeModel
+
+
+def _part(weight):
+    """What gemv_multi takes for one linear: a QuantLinear's stored tensors, or the plain weight."""
+    return weight.tensors if isinstance(weight, QuantLinear) else weight
+
+
+def _format(weight) -> str:
+    return weight.fmt if isinstance(weight, QuantLinear) else "dense"
+
+
+def project(x: torch.Tensor, weights, out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """x [1, K] through several linears of the same input: one launch per run of equal-format weights
+    (stored formats kept: FP8/NVFP4 bytes or plain), returned as [1, N_i] views in order."""
+    views: list[torch.Tensor] = []
+    i = 0
+    while i < len(weights):
+        j = i + 1
+        while j < len(weights) and _format(weights[j]) == _format(weights[i]):
+            j += 1
+        group = weights[i:j]
+        y = gemv_multi(x, [_part(w) for w in group], out_dtype=out_dtype)
+        views.extend(y.split([_out_features(w) for w in group], dim=-1))
+        i = j
+    return views
+
+
+def _out_features(weight) -> int:
+    return weight.out_features if isinstance(weight, QuantLinear) else weight.shape[0]
+
+
+def gdn_decode(mixer: "GatedDeltaNet", h: torch.Tensor, state: "SequenceState") -> torch.Tensor:
+    c = mixer.cfg
+    qkv, z, b, a = project(h, [mixer.in_proj_qkv, mixer.in_proj_z, mixer.in_proj_b, mixer.in_proj_a])
+    out = gdn_decode_step(qkv[0], z[0], b[0], a[0], state.conv[mixer.layer], mixer.conv_w, mixer.neg_a,
+                          mixer.dt_bias, state.recurrent[mixer.layer], mixer.norm_w, mixer.eps,
+                          c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim)
+    return gemv(out.view(1, -1), _part(mixer.out_proj))
+
+
+def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.Tensor, state: "SequenceState",
+                     start: int) -> torch.Tensor:
+    a = mixer.cfg
+    q_gate, k, v = project(h, [mixer.q_proj, mixer.k_proj, mixer.v_proj])
+    q, gate, k, v = attention_prologue(q_gate[0], k[0], v[0], mixer.q_norm, mixer.k_norm, positions, mixer.eps,
+                                       a.num_heads, a.num_kv_heads, a.head_dim, a.rotary_dim, a.rope_theta)
+    out = mixer.backend.attend(state.kv[mixer.layer], q, k, v, positions, start, True).reshape(1, -1)
+    return gemv(sigmoid_gate_mul(out, gate.reshape(1, -1)), _part(mixer.o_proj))
+
+
+def _nvfp4_shared(moe: "SparseMoE") -> bool:
+    return all(isinstance(w, QuantLinear) and w.fmt == NVFP4 for w in moe.shared)
+
+
+def _shared_tensors(moe: "SparseMoE"):
+    """(gate_up extra, down extra) as the expert kernels take the shared expert's NVFP4 linears."""
+    gate, up, down = (w.tensors for w in moe.shared)
+    trip = lambda t: (t["weight"], t["weight_scale"], t["weight_scale_2"])  # noqa: E731
+    return trip(gate) + trip(up), trip(down)
+
+
+def moe_decode(moe: "SparseMoE", h: torch.Tensor) -> torch.Tensor:
+    gates = [moe.router_w, moe.shared_gate]
+    if _format(gates[0]) == _format(gates[1]):  # always so in the known checkpoints (both BF16): one launch
+        router_logits = gemv_multi(h, [_part(w) for w in gates], out_dtype=torch.float32)
+    else:
+        router_logits = torch.cat(project(h, gates, out_dtype=torch.float32), dim=-1)
+    weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
+    if moe.routing is not None:
+        ids = moe.routing.ids(moe.layer, 1)
+    slots, expert_weights, copy = moe.experts.for_decode(ids)
+    cfg_h, cfg_i = moe.hidden, moe.inter
+    if moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe):
+        gate_up_extra, down_extra = _shared_tensors(moe)
+        rows = expert_weights[0]
+        if moe.overlap.split == "off":
+            copy()
+            act = expert_gate_up(h, slots, rows, cfg_h, cfg_i, extra=gate_up_extra)
+            return expert_down(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra, extra_scale=shared_scale,
+                               out_dtype=h.dtype)
+        shared = moe.overlap.run(copy, lambda: _shared_alone(h, gate_up_extra, down_extra, shared_scale,
+                                                             cfg_h, cfg_i), h)
+        act = expert_gate_up(h, slots, rows, cfg_h, cfg_i)
+        return expert_down(act, weights, slots, rows, cfg_h, cfg_i, addend=shared, out_dtype=h.dtype)
+    # Dense experts (the BF16 checkpoint) or a dense shared expert: the fused router, then the unfused kernels.
+    shared = moe.overlap.run(copy, lambda: shared_scale.to(h.dtype) * swiglu(h, *moe.shared), h)
+    kernel = moe.kernels.experts_decode_nvfp4 if moe.experts.fmt == "nvfp4" else moe.kernels.experts_decode
+    return kernel(h, weights, slots, *expert_weights) + shared
+
+
+def _shared_alone(h, gate_up_extra, down_extra, scale, hidden: int, inter: int) -> torch.Tensor:
+    """The shared expert by itself (on its stream while the miss copy runs): the expert kernels with no routed
+    expert, so its bytes are those of the fused call."""
+    none = torch.empty(1, 0, dtype=torch.long, device=h.device)
+    act = expert_gate_up(h, none, None, hidden, inter, extra=gate_up_extra)
+    return expert_down(act, torch.empty(1, 0, dtype=h.dtype, device=h.device), none, None, hidden, inter,
+                       extra=down_extra, extra_scale=scale, out_dtype=torch.float32)
+
+
+def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor, state: "SequenceState",
+            start: int) -> torch.Tensor:
+    """One token ids [1] -> final-normed hidden [1, H], the fused twin of Qwen35MoeModel.forward(decode=True)."""
+    eps = model.cfg.rms_norm_eps
+    x = model.embed_ids(ids)
+    delta = None
+    for layer in model.layers:
+        x, h = add_rms_norm(x, delta, layer.input_norm, eps)
+        if layer.is_attention:
+            mixed = attention_decode(layer.mixer, h, positions, state, start)
+        else:
+            mixed = gdn_decode(layer.mixer, h, state)
+        x, h = add_rms_norm(x, mixed, layer.post_norm, eps)
+        delta = moe_decode(layer.moe, h)
+    return add_rms_norm(x, delta, model.norm, eps)[1]
+
+
+def logits(model: "Qwen35MoeModel", hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype)."""
+    return gemv(hidden, _part(model.lm_head_w), out_dtype=torch.float32)
