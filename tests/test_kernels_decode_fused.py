@@ -233,3 +233,59 @@ def test_sigmoid_gate_mul_on_the_prologue_gate(heads, hd, dtype, nan_empty):
         assert (got != ref).float().mean() < 0.01
     in_place = sigmoid_gate_mul(out, gate, dest=out)
     assert in_place is out and torch.equal(out, got)
+
+
+# ---- GPU only: no host sync, and CUDA-graph replay equals eager ---------------------------------------------
+
+def decode_chain(x, delta, w, logits, proj, qw, kw, position, attn_out):
+    """All four kernels once, at the model's geometry but small: what a captured decode step calls."""
+    heads, kvh, hd, rd = 4, 2, 64, 16
+    n_q = heads * 2 * hd
+    new_x, normed = add_rms_norm(x, delta, w, EPS)
+    routed = route_topk(logits, 13, 5, torch.bfloat16)
+    q, gate, k, v = attention_prologue(proj[:, :n_q], proj[:, n_q:n_q + kvh * hd], proj[:, n_q + kvh * hd:], qw, kw,
+                                       position, EPS, heads, kvh, hd, rd, THETA)
+    return (new_x, normed, *routed, q, k, v, sigmoid_gate_mul(attn_out, gate))
+
+
+def chain_inputs():
+    bf = torch.bfloat16
+    return [rand(1, 2048, seed=1, dtype=bf), rand(1, 2048, seed=2, dtype=bf), rand(2048, seed=3, dtype=bf),
+            rand(14, seed=4), rand(1, 4 * 128 + 2 * 128, seed=5, dtype=bf), rand(64, seed=6, dtype=bf),
+            rand(64, seed=7, dtype=bf), torch.tensor([3], device=DEVICE), rand(1, 256, seed=8, dtype=bf)]
+
+
+@pytest.mark.gpu
+def test_decode_kernels_do_not_sync():
+    inputs = chain_inputs()
+    decode_chain(*inputs)  # compile and make rope_inv_freq's tensor outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = decode_chain(*inputs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(not o.float().isnan().any() for o in out)
+
+
+@pytest.mark.gpu
+def test_decode_kernels_replay_in_a_cuda_graph_byte_equal_to_eager():
+    """Inputs changed in place between replays (a new token, a new position): the replay reads them on the device."""
+    inputs = chain_inputs()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        decode_chain(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = decode_chain(*inputs)
+    for step, position in enumerate([3, 4097, 100000]):
+        for i, t in enumerate(inputs):
+            if t.is_floating_point():
+                t.copy_(rand(*t.shape, seed=100 * step + i, dtype=t.dtype))
+        inputs[7].fill_(position)
+        graph.replay()
+        eager = decode_chain(*inputs)
+        for c, e in zip(captured, eager):
+            assert torch.equal(c, e)
