@@ -78,6 +78,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
         raise ValueError(f"add_rms_norm keeps a row in registers: H {h} > 8192")
     if delta is not None and (delta.shape != x.shape or delta.stride(1) != 1):
         raise ValueError(f"delta must be [T, H] like x with stride-1 rows, got {tuple(delta.shape)}")
+
     def fresh():
         return torch.empty(x.shape, device=x.device, dtype=x.dtype)
 
