@@ -123,7 +123,8 @@ def attention_prologue(q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
     attention_prologue_kernel[(num_heads + num_kv_heads,)](
         q_gate, k, v, q_norm_w, k_norm_w, inv_freq, position, exact_out(q), exact_out(k_rot), exact_out(v_res),
         eps, num_heads, head_dim, rotary_dim, COPY_V=copy_v, NORM_ROUND=round_code(q_gate.dtype),
-        OUT_BF16=round_code(dtype) == 1, LIBDEVICE=dev.type == "cuda", BLOCK_D=triton.next_power_of_2(head_dim), num_warps=num_warps)
+        OUT_BF16=round_code(dtype) == 1, LIBDEVICE=dev.type == "cuda", BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=num_warps)
     gate = q_gate.view(num_heads, 2 * head_dim)[:, head_dim:]
     return q, gate, k_rot, v_res
 
