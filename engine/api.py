@@ -28,8 +28,8 @@ from .options import EngineOptions
 from .runtime.generate import GenerationStats, generate_tokens
 from .runtime.runner import Runner
 from .runtime.session import Session
-from .synthetic import (is_synthetic, shared_synthetic, synthetic_config, synthetic_geometry, synthetic_nvfp4,
-                        synthetic_tokenizer_dir)
+from .synthetic import (is_synthetic, shared_synthetic, synthetic_config, synthetic_geometry, synthetic_linears,
+                        synthetic_nvfp4, synthetic_plan_dense_bytes, synthetic_tokenizer_dir)
 from .runtime.sampler import SamplingParams, defaults_from_generation_config, eos_from_generation_config
 from .tokenizer import ChatTokenizer, StreamDecoder, ThinkSplitter
 
@@ -105,13 +105,14 @@ class Engine:
             padded_vocab = -(-tokenizer.vocab_size // 64) * 64
             config = synthetic_config(str(path), padded_vocab)
             native = native_nvfp4_experts(opts, NVFP4 if synthetic_nvfp4(str(path)) else "bf16", dev)
+            linears = synthetic_linears(str(path), opts, dev)
             if dev.type == "cuda":
-                plan = machine_plan(config, opts, dtype, native)
+                plan = machine_plan(config, opts, dtype, native, synthetic_plan_dense_bytes(config, linears))
                 opts = apply_plan(opts, plan)
             offloaded = check_slots(config, opts)
             fmt = NVFP4_ROWS if native else DENSE
             make_bank = (lambda cfg: HostExpertBank(cfg, dtype, pin=dev.type == "cuda", fmt=fmt)) if offloaded else None
-            shared = shared_synthetic(str(path), dev, dtype, padded_vocab, make_bank, native)
+            shared = shared_synthetic(str(path), dev, dtype, padded_vocab, make_bank, native, linears)
             config, weights, bank = shared.config, dict(shared.weights), shared.bank
         else:
             model_dir = Path(path)

@@ -1,7 +1,11 @@
 """`synthetic:NAME` models: a real geometry with seeded random weights made directly on the target device
 (no disk, no download), loadable anywhere a checkpoint path is. For benchmarks and tests; the replies are
 noise. The tokenizer is the small trained BPE of the tiny checkpoints (the embedding is larger; sampling is
-limited to the tokenizer's ids)."""
+limited to the tokenizer's ids).
+
+`synthetic:NAME-nvfp4` has nvidia/Qwen3.6-35B-A3B-NVFP4's formats (quant/synthetic_formats.py): NVFP4 routed
+experts, shared experts and lm_head, FP8 attention/GDN projections, BF16 rest, each quantized from the seeded
+BF16 weights; `synthetic:NAME` is all BF16 (the BF16 checkpoint)."""
 from __future__ import annotations
 
 import tempfile
@@ -13,6 +17,8 @@ import torch
 from .config import ModelConfig, parse_model_config
 from .errors import OptionError
 from .load import FP32_SUFFIXES
+from .options import EngineOptions
+from .quant.synthetic_formats import apply_real_formats, as_stored_bf16, stored_dense_bytes_of
 from .quant.nvfp4_rows import dequant_expert_rows, quantize_expert_rows
 from .tiny import GEOMETRIES, TinyGeometry, config_dict, random_weights
 
@@ -31,7 +37,10 @@ def is_synthetic(ref) -> bool:
     return isinstance(ref, str) and ref.startswith(PREFIX)
 
 
-NVFP4_SUFFIX = "-nvfp4"  # synthetic:NAME-nvfp4: the routed experts quantized to NVFP4 (ModelOpt's recipe)
+NVFP4_SUFFIX = "-nvfp4"  # synthetic:NAME-nvfp4: the real NVFP4 checkpoint's formats (ModelOpt's recipe)
+# (keep the FP8/NVFP4 dense linears as QuantLinear, their decode GEMV in Triton, FP8 prefill as W8A8)
+Linears = tuple[bool, bool, bool]
+DEQUANTIZED_LINEARS: Linears = (False, False, False)
 
 
 def synthetic_nvfp4(ref: str) -> bool:
@@ -62,16 +71,39 @@ def synthetic_config(ref: str, vocab_size: int) -> ModelConfig:
     return parse_model_config(config_dict(geometry, fixed_vocab or vocab_size, 0))
 
 
+def synthetic_linears(ref: str, opts: EngineOptions, device: torch.device) -> Linears:
+    """What load.py would do with the real checkpoint's FP8/NVFP4 dense linears here (choices.native_linears);
+    the BF16 models have none."""
+    from .choices import fp8_scaled_mm, native_linears
+
+    if not synthetic_nvfp4(ref):
+        return DEQUANTIZED_LINEARS
+    keep, kernels = native_linears(opts, device)
+    scaled_mm = fp8_scaled_mm(opts, device)  # may refuse this GPU, before anything is made
+    return keep, kernels and keep, scaled_mm and keep
+
+
+def synthetic_plan_dense_bytes(config: ModelConfig, linears: Linears) -> int | None:
+    """machine_plan's dense_bytes: the stored bytes when the linears stay native (as the real checkpoint's path
+    passes choices.stored_dense_bytes), else None (the plan's compute-dtype estimate)."""
+    return stored_dense_bytes_of(config) if linears[0] else None
+
+
 def synthetic_model(ref: str, device: torch.device, dtype: torch.dtype, vocab_size: int,
-                    seed: int = 0, expert_sink: Callable | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+                    seed: int = 0, expert_sink: Callable | None = None,
+                    linears: Linears = DEQUANTIZED_LINEARS) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """ModelConfig + weights (canonical names, experts stacked) for `synthetic:NAME`, on `device`. With
-    expert_sink(layer, gate_up, down), each layer's experts go there as they are made instead."""
+    expert_sink(layer, gate_up, down), each layer's experts go there as they are made instead. A -nvfp4 model's
+    dense weights are in the real checkpoint's formats; linears as synthetic_linears says."""
     config = synthetic_config(ref, vocab_size)
     _, geometry, _ = synthetic_geometry(ref)
     weights = random_weights(geometry, config.vocab_size, seed, device=device, dtype=dtype, expert_sink=expert_sink)
     for name in list(weights):
         if name.endswith(FP32_SUFFIXES):
             weights[name] = weights[name].float()
+    if synthetic_nvfp4(ref):
+        keep, kernels, scaled_mm = linears
+        apply_real_formats(weights, config, dtype, keep, use_kernels=kernels, fp8_scaled_mm=scaled_mm)
     return config, weights
 
 
@@ -88,12 +120,14 @@ _SHARED: dict[tuple, "weakref.ref[SharedSynthetic]"] = {}
 
 
 def shared_synthetic(ref: str, device: torch.device, dtype: torch.dtype, vocab_size: int,
-                     make_bank: Callable[[ModelConfig], object] | None, native_nvfp4: bool = False) -> SharedSynthetic:
+                     make_bank: Callable[[ModelConfig], object] | None, native_nvfp4: bool = False,
+                     linears: Linears = DEQUANTIZED_LINEARS) -> SharedSynthetic:
     """The live SharedSynthetic for this model, device, dtype and expert placement, or a new one. make_bank:
     None keeps the experts with the weights (resident); else it makes the host bank the experts stream into.
     For a -nvfp4 model the experts are quantized as they are made and kept as NVFP4 rows (native_nvfp4) or
-    dequantized back to the compute dtype: either way the model's values are the quantized ones."""
-    key = (ref, str(device), dtype, vocab_size, make_bank is not None, native_nvfp4)
+    dequantized back to the compute dtype: either way the model's values are the quantized ones. Its dense
+    linears likewise (linears: synthetic_linears)."""
+    key = (ref, str(device), dtype, vocab_size, make_bank is not None, native_nvfp4, tuple(linears))
     found = _SHARED.get(key)
     shared = found() if found is not None else None
     if shared is None:
@@ -105,7 +139,7 @@ def shared_synthetic(ref: str, device: torch.device, dtype: torch.dtype, vocab_s
         def sink(layer: int, gate_up: torch.Tensor, down: torch.Tensor) -> None:
             p = f"layers.{layer}.mlp.experts."
             if synthetic_nvfp4(ref):
-                rows = quantize_expert_rows(gate_up, down)
+                rows = quantize_expert_rows(as_stored_bf16(gate_up), as_stored_bf16(down))  # from the bf16 values
                 if native_nvfp4:
                     if bank is not None:
                         bank.put_rows(layer, rows)
@@ -118,7 +152,7 @@ def shared_synthetic(ref: str, device: torch.device, dtype: torch.dtype, vocab_s
             else:
                 resident[p + "gate_up_proj"], resident[p + "down_proj"] = gate_up, down
 
-        _, weights = synthetic_model(ref, device, dtype, vocab_size, expert_sink=sink)
+        _, weights = synthetic_model(ref, device, dtype, vocab_size, expert_sink=sink, linears=linears)
         weights.update(resident)
         shared = SharedSynthetic(config, weights, bank)
         _SHARED[key] = weakref.ref(shared)

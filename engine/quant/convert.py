@@ -20,7 +20,14 @@ PREFIX = "model.language_model."
 _COPY = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 
-def _fp8_modules(cfg) -> list[str]:
+def nvfp4_modules(cfg) -> list[str]:
+    """The dense linears the real checkpoint stores in NVFP4 (W4A16): lm_head and the shared experts."""
+    return ["lm_head"] + [f"layers.{i}.mlp.shared_expert.{n}" for i in range(cfg.num_layers)
+                          for n in ("gate_proj", "up_proj", "down_proj")]
+
+
+def fp8_modules(cfg) -> list[str]:
+    """The dense linears the real checkpoint stores in FP8 (per-tensor scale): attention q/k/v/o, GDN qkv/z/out."""
     out = []
     for i, kind in enumerate(cfg.layer_types):
         names = ("q_proj", "k_proj", "v_proj", "o_proj") if kind == FULL_ATTENTION else ("in_proj_qkv", "in_proj_z", "out_proj")
@@ -33,9 +40,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, num_shards: int = 3) -
     src, dst = Path(src), Path(dst)
     cfg = load_model_config(src)
     weights = load_weights(Checkpoint(src), cfg, torch.float32)
-    nvfp4 = ["lm_head"] + [f"layers.{i}.mlp.shared_expert.{n}" for i in range(cfg.num_layers)
-                           for n in ("gate_proj", "up_proj", "down_proj")]
-    fp8 = _fp8_modules(cfg)
+    nvfp4, fp8 = nvfp4_modules(cfg), fp8_modules(cfg)
     stored: dict[str, torch.Tensor] = {}
     for module in nvfp4:
         key = module if module == "lm_head" else PREFIX + module

@@ -33,13 +33,20 @@ def dequant_nvfp4(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tenso
     return (values * block * scale2.float()).to(dtype)
 
 
-def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ModelOpt's recipe: -> (packed uint8 [out, in/2], scale float8_e4m3fn [out, in/16], scale2 fp32 [])."""
+def nvfp4_global_scale(w: torch.Tensor) -> torch.Tensor:
+    """weight_scale_2 = amax(W) / (6 * 448), fp32 []."""
+    return (w.float().abs().max().clamp(min=1e-12) / (FP4_MAX * FP8_MAX)).reshape(())
+
+
+def quantize_nvfp4(w: torch.Tensor, scale2: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ModelOpt's recipe: -> (packed uint8 [out, in/2], scale float8_e4m3fn [out, in/16], scale2 fp32 []).
+    scale2: the whole tensor's global scale when `w` is a block of its rows (every other step is per row)."""
     out, inp = w.shape
     if inp % GROUP:
         raise ValueError(f"NVFP4 needs the input dimension to be a multiple of {GROUP}, got {inp}")
     w = w.float()
-    scale2 = w.abs().max().clamp(min=1e-12) / (FP4_MAX * FP8_MAX)
+    scale2 = nvfp4_global_scale(w) if scale2 is None else scale2.float().reshape(())
     blocks = w.reshape(out, inp // GROUP, GROUP)
     block_amax = blocks.abs().amax(dim=-1)
     scale = (block_amax / (FP4_MAX * scale2)).clamp(2.0 ** -9, FP8_MAX).to(torch.float8_e4m3fn)
