@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
 from ..kernels.gemv_multi import gemv, gemv_multi
@@ -77,14 +78,20 @@ def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.
                      start: int) -> torch.Tensor:
     a = mixer.cfg
     q_gate, k, v = project(h, [mixer.q_proj, mixer.k_proj, mixer.v_proj])
+    if getattr(mixer, "inv_freq", None) is None:  # made on the first (eager) call, never inside a capture
+        mixer.inv_freq = rope_inv_freq(a.rotary_dim, a.rope_theta, h.device)
     q, gate, k, v = attention_prologue(q_gate[0], k[0], v[0], mixer.q_norm, mixer.k_norm, positions, mixer.eps,
-                                       a.num_heads, a.num_kv_heads, a.head_dim, a.rotary_dim, a.rope_theta)
-    out = mixer.backend.attend(state.kv[mixer.layer], q, k, v, positions, start, True).reshape(1, -1)
-    return gemv(sigmoid_gate_mul(out, gate.reshape(1, -1)), _part(mixer.o_proj))
+                                       a.num_heads, a.num_kv_heads, a.head_dim, a.rotary_dim, a.rope_theta,
+                                       inv_freq=mixer.inv_freq)
+    out = mixer.backend.attend(state.kv[mixer.layer], q.view(1, *q.shape), k.view(1, *k.shape), v.view(1, *v.shape),
+                               positions, start, True).reshape(1, -1)
+    return gemv(sigmoid_gate_mul(out, gate, dest=out), _part(mixer.o_proj))
 
 
 def _nvfp4_shared(moe: "SparseMoE") -> bool:
-    return all(isinstance(w, QuantLinear) and w.fmt == NVFP4 for w in moe.shared)
+    """The shared expert can ride in the routed experts' kernels: NVFP4 bytes, the routed experts' sizes."""
+    return (all(isinstance(w, QuantLinear) and w.fmt == NVFP4 for w in moe.shared)
+            and moe.shared[0].out_features == moe.inter)
 
 
 def _shared_tensors(moe: "SparseMoE"):
@@ -96,10 +103,11 @@ def _shared_tensors(moe: "SparseMoE"):
 
 def moe_decode(moe: "SparseMoE", h: torch.Tensor) -> torch.Tensor:
     gates = [moe.router_w, moe.shared_gate]
+    # Logits in the compute dtype, as the unfused router's F.linear gives them (top-k then agrees on near-ties).
     if _format(gates[0]) == _format(gates[1]):  # always so in the known checkpoints (both BF16): one launch
-        router_logits = gemv_multi(h, [_part(w) for w in gates], out_dtype=torch.float32)
+        router_logits = gemv_multi(h, [_part(w) for w in gates])
     else:
-        router_logits = torch.cat(project(h, gates, out_dtype=torch.float32), dim=-1)
+        router_logits = torch.cat(project(h, gates), dim=-1)
     weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
     if moe.routing is not None:
         ids = moe.routing.ids(moe.layer, 1)
