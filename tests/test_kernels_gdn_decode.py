@@ -144,3 +144,27 @@ def test_conv_state_holds_the_last_inputs_after_several_steps(hk, hv, kd, vd, wi
         out = step(gdn_decode_step, token, fused, hk, hv, kd, vd, **plan)
         close(out, step(gdn_decode_step_reference, token, ref, hk, hv, kd, vd), *BF16_TOL)
     assert torch.equal(fused["conv_state"], torch.stack(inputs[-(width - 1):], dim=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("one_launch", [False, True])
+def test_cuda_graph_replay_is_byte_equal_to_eager_at_the_real_geometry(one_launch):
+    """The decode step runs captured: a replay from the same inputs and states gives the eager call's bytes."""
+    hk, hv, kd, vd, width = 16, 32, 128, 128, 4
+    eager = make_layer(hk, hv, kd, vd, width, torch.bfloat16, seed=17)
+    captured = clone_layer(eager)
+    token = make_token(hk, hv, kd, vd, torch.bfloat16, seed=5, views=True)
+    expect = step(gdn_decode_step, token, eager, hk, hv, kd, vd, one_launch=one_launch)
+    saved, out = clone_layer(captured), torch.empty(hv * vd, device=DEVICE, dtype=torch.bfloat16)
+    step(gdn_decode_step, token, captured, hk, hv, kd, vd, out=out, one_launch=one_launch)  # compile off-capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(gdn_decode_step, token, captured, hk, hv, kd, vd, out=out, one_launch=one_launch)
+    for name, t in captured.items():
+        t.copy_(saved[name])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expect)
+    assert torch.equal(captured["state"], eager["state"]) and torch.equal(captured["conv_state"], eager["conv_state"])
+    ref = clone_layer(saved)
+    close(out, step(gdn_decode_step_reference, token, ref, hk, hv, kd, vd), *BF16_TOL)

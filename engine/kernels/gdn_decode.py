@@ -249,10 +249,12 @@ def gdn_decode_step(
 def gdn_decode_step_reference(
     mixed_qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
     conv_w: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, norm_w: torch.Tensor,
-    eps: float, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, out: torch.Tensor | None = None,
+    eps: float, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, out: torch.Tensor | None = None, *,
+    core=gdn_core_torch,
 ) -> torch.Tensor:
     """gdn_decode_step in torch: GatedDeltaNet.forward's steps for t = 1 after the projections (inputs first
-    rounded to the compute dtype, conv_state.dtype, as the model's linear returns them)."""
+    rounded to the compute dtype, conv_state.dtype, as the model's linear returns them). core: the gated delta
+    rule, gdn_core_torch or gdn_fla.gdn_core_fla (the engine's current decode path on a GPU)."""
     dtype, key_dim = conv_state.dtype, num_k_heads * k_dim
     width = conv_state.shape[1] + 1
     x = mixed_qkv.reshape(-1).to(dtype)
@@ -263,7 +265,7 @@ def gdn_decode_step_reference(
     v = v.reshape(1, num_v_heads, v_dim)
     beta = torch.sigmoid(b.reshape(1, -1).to(dtype)).float()
     g = neg_a.reshape(1, -1) * F.softplus(a.reshape(1, -1).to(dtype).float() + dt_bias.reshape(1, -1))
-    o, new_state = gdn_core_torch(q, k, v, g, beta, state, decode=True)
+    o, new_state = core(q, k, v, g, beta, state, True)
     state.copy_(new_state)
     gate = z.reshape(1, num_v_heads, v_dim).to(dtype)
     result = rms_norm_gated(o.to(dtype), gate, norm_w, eps).reshape(-1)
