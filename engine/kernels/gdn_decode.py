@@ -24,7 +24,7 @@ The conv state race, and the two launch plans (one_launch=):
     state, each channel by exactly one program. The big kernel gets Hv * V / block_v programs.
   - one launch: gdn_step_kernel on a (Hk,) grid, one program per KEY head doing all its rep value heads and
     the whole of V, so it is the only reader of its q/k/v channels; it shifts them itself after a barrier
-    (its own threads' reads done) and applies the norm in place. Only Hk programs (16 at the real geometry),
+    (its own threads' reads done) and applies the norm before its one store. Only Hk programs (16 here),
     each holding rep x K x V fp32 of state.
   Inside one program the shift loads [c, j + 1] and stores [c, j] from different threads, so it loads every
   new value, then tl.debug_barrier(), then stores (_shift_conv_state). Deterministic: no atomics, fixed
