@@ -94,6 +94,8 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
         d.overridden.add("decode")
         d.reasons["decode"] = f"overridden by user (decode_kernels={opts.decode_kernels}); " + d.reasons["decode"]
     graphs = _cuda_graphs(opts, dev, kernels, d)
+    if routing is None and opts.routing is not None:
+        routing = str(opts.routing)  # the engine passes RoutingSpec.describe(); a bare spec is shown as given
     if routing is not None:
         d.user("routing", "routing=" + routing, "the model's router", "the router's top-k picks the experts",
                "synthetic expert ids for benchmarks (the router's weights are kept)")
