@@ -1,7 +1,10 @@
-"""The plan: hardware profile + model facts + user options -> what the engine turns on, each with a reason.
+"""The machine plan: hardware profile + model sizes + user options -> what the machine affords, with reasons.
 
-`resolve_plan` is a pure function (no torch, no I/O): the same inputs give the same Plan, so every policy
-branch is unit-tested with faked profiles. Every choice carries a one-line reason that `probe`, `bench` and
+`resolve_plan` is the machine step of `resolve` (engine/resolve.py), which calls it once over the sizes at
+the formats it chose and takes from it the VRAM budget, the context, the slot count that fits and the host
+bank; its overlap and layer-major rules (`_auto_overlap`, `_auto_layer_major`) are the ones resolve applies.
+The engine reads only resolve's EngineConfig. A pure function (no torch, no I/O): the same inputs give the
+same Plan, so every policy branch is unit-tested with faked profiles. The arithmetic is engine/memory.py's. Every choice carries a one-line reason that `probe`, `bench` and
 the chat's status show. A user option other than "auto" wins, and its reason says "overridden by user" and
 what auto would have picked.
 
