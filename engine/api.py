@@ -18,7 +18,7 @@ from .load import load_weights
 from .choices import (DTYPE_NAMES, TORCH_DTYPES, build_overlap, detect_software, hardware_profile, offload_bank, placement_of,
                       stored_dense_bytes)
 from .engine_config import EngineConfig
-from .memory import ModelInfo
+from .memory import ModelFacts, ModelInfo
 from .quant.scheme import NVFP4, parse_quant_scheme
 from .offload.cache import ExpertSlotCache
 from .offload.routing import RoutingSpec, RoutingTrace
@@ -278,12 +278,10 @@ class Engine:
         if cache is not None:
             out["expert_slots"] = cache.rows.numel() * cache.rows.element_size()
             out["prefill_stream_buffers"] = cache.stream_buffer_bytes  # 0: they borrow slots during a prefill
-        a, lin, cfg = self.config.attention, self.config.linear, self.config
         itemsize = torch.finfo(self.model.dtype).bits // 8
-        out["kv_cache_at_limit"] = (len(cfg.full_attention_layers) * self.max_context * 2 * a.num_kv_heads
-                                    * a.head_dim * itemsize)
-        out["recurrent_state"] = len(cfg.linear_attention_layers) * (
-            lin.num_value_heads * lin.key_head_dim * lin.value_head_dim * 4 + lin.conv_dim * (lin.conv_kernel - 1) * itemsize)
+        sizes = ModelFacts.from_config(self.config, kv_dtype_bytes=itemsize, conv_dtype_bytes=itemsize)
+        out["kv_cache_at_limit"] = self.max_context * sizes.kv_bytes_per_token
+        out["recurrent_state"] = sizes.state_bytes
         workspace = getattr(self.model.kernels.attention, "workspace_bytes", 0)
         if workspace:
             out["attention_workspace"] = workspace

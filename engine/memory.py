@@ -70,7 +70,7 @@ class ModelFacts:
     @classmethod
     def from_config(cls, cfg: "ModelConfig", *, expert_dtype_bytes: float = 2.0, block_scale_group: int | None = None,
                     dense_dtype_bytes: float = 2.0, dense_bytes: int | None = None, kv_dtype_bytes: int = 2,
-                    state_dtype_bytes: int = 4, name: str = "model") -> "ModelFacts":
+                    state_dtype_bytes: int = 4, conv_dtype_bytes: int = 2, name: str = "model") -> "ModelFacts":
         """Sizes from a ModelConfig. expert_dtype_bytes: 2 for BF16, 1 for FP8, 0.5 for FP4. block_scale_group:
         with FP4, one FP8 scale per this many weights plus one fp32 global per output row (the bank layout;
         16 reproduces the seeds' 1,781,760 B NVFP4 expert). dense_bytes: pass the real figure for mixed-precision
@@ -86,7 +86,7 @@ class ModelFacts:
             dense_bytes = int(dense_params(cfg) * dense_dtype_bytes)
         kv = n_full * 2 * att.num_kv_heads * att.head_dim * kv_dtype_bytes
         state = n_lin * (lin.num_value_heads * lin.key_head_dim * lin.value_head_dim * state_dtype_bytes
-                         + lin.conv_dim * (lin.conv_kernel - 1) * 2)
+                         + lin.conv_dim * (lin.conv_kernel - 1) * conv_dtype_bytes)
         return cls(name=name, num_layers=cfg.num_layers, num_experts=moe.num_experts, top_k=moe.top_k,
                    expert_bytes=int(expert), dense_bytes=int(dense_bytes), kv_bytes_per_token=kv, state_bytes=state,
                    max_context=cfg.max_position_embeddings)
