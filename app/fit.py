@@ -1,10 +1,10 @@
 """Does a model fit this machine? Disk (for a download), host RAM (the expert bank), VRAM (the minimum plan).
 
-The sizes come from engine/plan.py's ModelFacts and the machine from the probe's HardwareProfile; the VRAM
-minimum is resolve_plan's own (dense weights + recurrent state + workspace + KV for the context + one layer
-of expert slots), with its constants, so this check and the plan cannot disagree (a test holds them to it).
-Unlike resolve_plan, which stops at the first problem, the report lists every one, with what to do.
-No torch.
+The sizes come from engine/memory.py's ModelFacts and the machine from the probe's HardwareProfile; every
+byte of arithmetic (budget, context, slots, stream buffers, the VRAM minimum, the CPU path's RAM) is
+engine/memory.py's, the module the plan and `probe` use, so this check and the plan cannot disagree (tests
+hold them to it). Unlike resolve, which stops at the first problem, the report lists every one, with what to
+do. No torch.
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from qwenlocal.engine import memory
 from qwenlocal.engine.errors import ResourceError
+from qwenlocal.engine.memory import MIN_AUTO_CONTEXT, ModelFacts, pow2_floor as _pow2_floor
 from qwenlocal.engine.options import EngineOptions
-from qwenlocal.engine.plan import (KV_SHARE, MIN_AUTO_CONTEXT, VRAM_MARGIN, WORKSPACE_BASE, WORKSPACE_PER_CHUNK_TOKEN,
-                                   ModelFacts)
 
 if TYPE_CHECKING:
     from qwenlocal.engine.probe.profile import HardwareProfile
@@ -25,10 +25,6 @@ GIB = 2**30
 DISK_MARGIN = 2 * GIB  # the hub's metadata, a partial file being written, and room for the OS to breathe
 _DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "U8": 1, "I8": 1, "BOOL": 1,
                 "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
-
-
-def _pow2_floor(n: int) -> int:
-    return 1 << (max(1, n).bit_length() - 1)
 
 
 def gib(n: float | None) -> str:
@@ -133,12 +129,12 @@ def _alt_advice(alts: list["KnownModel"], fits) -> list[str]:
 
 def _cpu_ram(facts: ModelFacts, profile, alts, params: int | None, dtype_bytes: int) -> FitItem:
     # The CPU path computes in float32 (or --dtype): every weight is held at that width, not as stored.
-    need = params * dtype_bytes if params else facts.experts_total_bytes + facts.dense_bytes
+    need = params * dtype_bytes if params else memory.cpu_ram_bytes(facts)
     total, avail = profile.value("host_ram_total"), profile.value("host_ram_available")
     if total is None:
         return FitItem("host RAM", "unknown", need, None, f"needs {gib(need)}; this machine's RAM is unknown")
     if need > total:
-        advice = [] if params else _alt_advice(alts, lambda f: f.experts_total_bytes + f.dense_bytes <= total)
+        advice = [] if params else _alt_advice(alts, lambda f: memory.cpu_ram_bytes(f) <= total)
         width = f" at {dtype_bytes * 8}-bit" if params else ""
         return FitItem("host RAM", "fail", need, total,
                        f"the CPU path keeps every weight in RAM{width}: {gib(need)}, this machine has {gib(total)}",
@@ -150,44 +146,35 @@ def _cpu_ram(facts: ModelFacts, profile, alts, params: int | None, dtype_bytes: 
 
 
 def vram_budget(profile, opts: EngineOptions) -> tuple[int | None, str]:
-    """The budget resolve_plan would use: the user's (capped by free VRAM), else free less a margin."""
+    """The budget the plan would use: the user's (capped by free VRAM), else free less a margin."""
     free, total = profile.value("vram_free"), profile.value("vram_total")
     if opts.vram_budget is not None:
-        if free and opts.vram_budget > free:
-            return max(0, free - VRAM_MARGIN), f"--vram-budget {gib(opts.vram_budget)}, capped by {gib(free)} free"
-        return opts.vram_budget, f"--vram-budget {gib(opts.vram_budget)}"
+        budget, note = memory.capped_budget(opts.vram_budget, free)
+        return budget, f"--vram-budget {gib(opts.vram_budget)}" + (f", capped by {gib(free)} free" if note else "")
+    budget, _ = memory.auto_vram_budget(free, total)
     if free:
-        return max(0, free - VRAM_MARGIN), f"{gib(free)} free"
-    if total:
-        return int(total * 0.9), f"90% of {gib(total)}"
-    return None, "VRAM size unknown"
+        return budget, f"{gib(free)} free"
+    return budget, f"90% of {gib(total)}" if total else "VRAM size unknown"
 
 
 def workspace_bytes(opts: EngineOptions) -> int:
-    return WORKSPACE_BASE + opts.prefill_chunk * WORKSPACE_PER_CHUNK_TOKEN
+    return memory.workspace_bytes(opts.prefill_chunk)
 
 
 def planned_context(facts: ModelFacts, opts: EngineOptions, budget: int | None) -> int:
-    """The context resolve_plan sizes the KV cache for: the user's, else the largest power of two whose KV takes
-    at most 1/KV_SHARE of what the dense weights leave (at least MIN_AUTO_CONTEXT). The plan does not shrink it
-    to make one layer of slots fit, so neither does this check."""
+    """The context the plan sizes the KV cache for: the user's, else memory.auto_context. The plan does not
+    shrink it to make one layer of slots fit, so neither does this check."""
     if opts.max_context:
         return opts.max_context
     if budget is None:
         return MIN_AUTO_CONTEXT
-    share = max(0, budget - facts.dense_bytes - facts.state_bytes - workspace_bytes(opts)) // KV_SHARE
-    return min(facts.max_context, max(MIN_AUTO_CONTEXT, _pow2_floor(share // facts.kv_bytes_per_token)))
+    return memory.auto_context(facts, budget, opts.prefill_chunk)
 
 
 def vram_minimum(facts: ModelFacts, opts: EngineOptions, context: int | None = None) -> dict[str, int]:
-    """resolve_plan's minimum: the parts that must be on the GPU for `context` tokens (default: the smallest
+    """The plan's minimum: the parts that must be on the GPU for `context` tokens (default: the smallest
     context the plan picks) with one layer of expert slots."""
-    ctx = context or opts.max_context or MIN_AUTO_CONTEXT
-    layer = facts.num_experts * facts.expert_bytes
-    # With experts offloaded, prefill streams whole layers through two device buffers (as the plan reserves).
-    stream = 2 * layer if facts.total_experts > facts.num_experts else 0
-    return {"dense": facts.dense_bytes, "state": facts.state_bytes, "workspace": workspace_bytes(opts),
-            "kv": ctx * facts.kv_bytes_per_token, "prefill stream buffers": stream, "one layer of slots": layer}
+    return memory.vram_minimum(facts, opts.prefill_chunk, context or opts.max_context or MIN_AUTO_CONTEXT)
 
 
 def _vram(facts: ModelFacts, profile, opts: EngineOptions, alts) -> tuple[FitItem, bool]:
@@ -216,9 +203,8 @@ def _vram(facts: ModelFacts, profile, opts: EngineOptions, alts) -> tuple[FitIte
         return FitItem("VRAM", "fail", need, budget,
                        f"needs {gib(need)} at {ctx:,} tokens of context ({breakdown}); the budget is {gib(budget)} "
                        f"({source})", tuple(advice)), False
-    all_resident = (budget - fixed + parts["prefill stream buffers"] - parts["kv"]) // facts.expert_bytes \
-        >= facts.total_experts  # every expert fits: no stream buffers either
-    slots = (budget - fixed - parts["kv"]) // facts.expert_bytes
+    fit = memory.slot_fit(facts, budget, ctx, opts.prefill_chunk)
+    all_resident, slots = fit.all_resident, fit.slots
     share = "all experts resident" if all_resident else f"{slots:,} expert slots ({slots / facts.total_experts:.0%})"
     return FitItem("VRAM", "ok", need, budget, f"{gib(need)} at {ctx:,} tokens of context; budget {gib(budget)} "
                    f"({source}) leaves {share}"), all_resident

@@ -1,6 +1,7 @@
 """The Engine API (the contract of DESIGN.md): from_pretrained, score, chat, stats, plan."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -14,25 +15,27 @@ from .env import read_env
 from .errors import ContextLimitError, OptionError, QwenlocalError
 from .events import EngineError, Event, ReasoningDelta, Stats, TokenDelta, TurnDone
 from .load import load_weights
-from .choices import (apply_plan, check_slots, choose_overlap, context_limit, fp8_scaled_mm, fused_decode,  # noqa: F401
-                      machine_plan, native_linears, native_nvfp4_experts, offload_bank, placement_of,
+from .choices import (DTYPE_NAMES, TORCH_DTYPES, build_overlap, detect_software, hardware_profile, offload_bank, placement_of,
                       stored_dense_bytes)
-from .offload.bank import DENSE, HostExpertBank
-from .quant.nvfp4_rows import NVFP4_ROWS
+from .engine_config import EngineConfig
+from .memory import ModelFacts, ModelInfo
 from .quant.scheme import NVFP4, parse_quant_scheme
 from .offload.cache import ExpertSlotCache
 from .offload.routing import RoutingSpec, RoutingTrace
 from .model.kernels import select_kernels
+from .resolve import resolve
 from .model.qwen3_5_moe import Qwen35MoeModel
 from .options import EngineOptions
 from .runtime.generate import GenerationStats, generate_tokens
 from .runtime.runner import Runner
 from .runtime.session import Session
-from .synthetic import (is_synthetic, shared_synthetic, synthetic_config, synthetic_geometry, synthetic_linears,
-                        synthetic_nvfp4, synthetic_plan_dense_bytes, synthetic_tokenizer_dir)
+from .quant.synthetic_formats import stored_dense_bytes_of
+from .synthetic import (is_synthetic, shared_synthetic, synthetic_config, synthetic_geometry, synthetic_nvfp4,
+                        synthetic_tokenizer_dir)
 from .runtime.sampler import SamplingParams, defaults_from_generation_config, eos_from_generation_config
 from .tokenizer import ChatTokenizer, StreamDecoder, ThinkSplitter
 
+log = logging.getLogger(__name__)
 _ROLES = ("system", "user", "assistant", "tool")
 _STATS_EVERY_S = 0.25
 ProgressFn = Callable[[str, int, int], None]
@@ -68,19 +71,18 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
 class Engine:
     def __init__(self, model_dir: Path, config: ModelConfig, model: Qwen35MoeModel, tokenizer: ChatTokenizer,
                  options: EngineOptions, sampling_defaults: SamplingParams, eos_ids: tuple[int, ...],
-                 max_context: int):
+                 engine_config: EngineConfig):
         self.model_dir = model_dir
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
         self.options = options
+        self.engine_config = engine_config  # every decision, resolved once (engine/resolve.py)
         self.sampling_defaults = sampling_defaults
         self.eos_ids = eos_ids
-        self.max_context = max_context
-        self.runner = Runner(model, options.prefill_chunk, max_context, options.cuda_graphs,
-                             options.prefill_mode, options.prefill_window, options.slot_prefill_tokens)
+        self.max_context = engine_config.max_context
+        self.runner = Runner(model, engine_config)
         self._busy = threading.Lock()
-        self.machine_plan = None  # the probe-based plan on a GPU (slots, context, bank) or None on the CPU
         self._placed: dict = {}
         self._last: GenerationStats | None = None
         self._totals = {"prompt_tokens": 0, "completion_tokens": 0, "turns": 0}
@@ -93,63 +95,61 @@ class Engine:
         opts = EngineOptions.coerce(options, vram_budget=vram_budget)
         routing = RoutingSpec.from_value(opts.routing)  # a bad spec fails here, before any loading
         dev = _resolve_device(device)
-        dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if dtype is not None and dtype not in DTYPE_NAMES:
             raise OptionError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
-        use_fused = fused_decode(opts, dev)  # refuses decode_kernels=fused on the CPU before any loading
-        plan = None
-        if is_synthetic(path):
+        synthetic = is_synthetic(path)
+        # Everything cheap is read and validated before the weights: the model's facts, then one resolve.
+        if synthetic:
             _, geometry, _ = synthetic_geometry(str(path))
             model_dir = Path(synthetic_tokenizer_dir(geometry))
             tokenizer = ChatTokenizer.from_dir(model_dir)
             padded_vocab = -(-tokenizer.vocab_size // 64) * 64
             config = synthetic_config(str(path), padded_vocab)
-            native = native_nvfp4_experts(opts, NVFP4 if synthetic_nvfp4(str(path)) else "bf16", dev)
-            linears = synthetic_linears(str(path), opts, dev)
-            if dev.type == "cuda":
-                plan = machine_plan(config, opts, dtype, native, synthetic_plan_dense_bytes(config, linears))
-                opts = apply_plan(opts, plan)
-            offloaded = check_slots(config, opts)
-            fmt = NVFP4_ROWS if native else DENSE
-            make_bank = (lambda cfg: HostExpertBank(cfg, dtype, pin=dev.type == "cuda", fmt=fmt)) if offloaded else None
-            shared = shared_synthetic(str(path), dev, dtype, padded_vocab, make_bank, native, linears)
-            config, weights, bank = shared.config, dict(shared.weights), shared.bank
+            nvfp4 = synthetic_nvfp4(str(path))  # the real checkpoint's formats: FP8/NVFP4 linears, NVFP4 experts
+            info = ModelInfo.from_config(config, str(path), expert_format=NVFP4 if nvfp4 else "bf16",
+                                         quantized_linears=nvfp4,
+                                         stored_dense_bytes=stored_dense_bytes_of(config) if nvfp4 else None)
         else:
             model_dir = Path(path)
-            # Everything cheap is validated before the weights are read.
             config = load_model_config(model_dir)
             tokenizer = ChatTokenizer.from_dir(model_dir)
             ckpt = Checkpoint(model_dir)
             scheme = parse_quant_scheme(config.quantization)
-            native = native_nvfp4_experts(opts, scheme.format_of("layers.0.mlp.experts"), dev)
-            keep_linears, linear_kernels = native_linears(opts, dev)
-            keep_linears = keep_linears and scheme.quantized
-            scaled_mm = fp8_scaled_mm(opts, dev)  # may refuse this GPU: before anything is read or pinned
-            if dev.type == "cuda":
-                plan = machine_plan(config, opts, dtype, native, stored_dense_bytes(ckpt) if keep_linears else None)
-                opts = apply_plan(opts, plan)
-            bank = offload_bank(config, opts, dtype, dev, native)
+            info = ModelInfo.from_config(config, model_dir.name, expert_format=scheme.format_of("layers.0.mlp.experts"),
+                                         quantized_linears=scheme.quantized, stored_dense_bytes=stored_dense_bytes(ckpt))
+        why = "" if device is not None else ("torch sees no CUDA GPU (or QWENLOCAL_NO_CUDA is set): the CPU path runs "
+                                             "(slowly)" if dev.type == "cpu" else "")
+        plan = resolve(opts, info, hardware_profile(dev), dev.type, detect_software(dev),
+                       dtype=DTYPE_NAMES[dtype] if dtype is not None else None,
+                       routing=routing.describe() if routing is not None else None,
+                       device_asked=device is not None, device_why=why)
+        log.info("engine config: %s", plan.summary())
+        dtype = TORCH_DTYPES[plan.dtype]
+        native = plan.experts == "nvfp4"
+        if synthetic:
+            make_bank = (lambda cfg: offload_bank(plan, cfg, dtype)) if plan.offloaded else None
+            keep = plan.linears == "native"
+            linears = (keep, keep and plan.linear_kernels, keep and plan.fp8_prefill == "scaled-mm")
+            shared = shared_synthetic(str(path), dev, dtype, padded_vocab, make_bank, native, linears)
+            config, weights, bank = shared.config, dict(shared.weights), shared.bank
+        else:
+            bank = offload_bank(plan, config, dtype)
             step = (lambda done, total: progress("weights", done, total)) if progress else None
             sink = None if bank is None else (bank.put_rows if native else bank.put)
             weights = load_weights(ckpt, config, dtype, dev, progress=step, expert_sink=sink, native_nvfp4=native,
-                                   native_linears=keep_linears, linear_kernels=linear_kernels,
-                                   fp8_scaled_mm=scaled_mm)
-        max_context = context_limit(config, opts)
+                                   native_linears=plan.linears == "native", linear_kernels=plan.linear_kernels,
+                                   fp8_scaled_mm=plan.fp8_prefill == "scaled-mm")
         placed = placement_of(weights, bank)
-        cache = ExpertSlotCache(config, bank, opts.expert_slots, dev) if bank is not None else None
-        overlap, overlap_reason = choose_overlap(opts, dev, cache, plan)
-        model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, max_context,
-                                                             fused_decode=use_fused), cache, overlap)
-        model.overlap_reason = overlap_reason
+        cache = ExpertSlotCache(config, bank, plan.slots, dev) if bank is not None else None
+        model = Qwen35MoeModel(config, weights, select_kernels(config, dev, dtype, plan.max_context, config=plan),
+                               cache, build_overlap(plan, dev))
         if routing is not None:
             model.use_routing(RoutingTrace.from_spec(routing, config.num_layers, config.moe.num_experts,
                                                      config.moe.top_k, dev))
         eos = eos_from_generation_config(model_dir) or tokenizer.eos_token_ids or config.eos_token_ids
-        engine = cls(model_dir, config, model, tokenizer, opts, defaults_from_generation_config(model_dir), eos,
-                     max_context)
-        engine.machine_plan = plan
+        engine = cls(model_dir, config, model, tokenizer, opts, defaults_from_generation_config(model_dir), eos, plan)
         engine._placed = placed
-        engine._shared = shared if is_synthetic(path) else None  # keeps a shared synthetic model alive
+        engine._shared = shared if synthetic else None  # keeps a shared synthetic model alive
         return engine
 
     @property
@@ -158,41 +158,8 @@ class Engine:
 
     @property
     def plan(self) -> dict:
-        """The resolved execution choices and why."""
-        out = {
-            "device": {"value": self.device.type, "reason": "chosen device"},
-            "dtype": {"value": str(self.model.dtype).replace("torch.", ""), "reason": "compute dtype"},
-            "prefill_chunk": {"value": self.options.prefill_chunk, "reason": "engine option"},
-            "max_context": {"value": self.max_context, "reason": "model limit, or the max_context option"},
-        }
-        if self.machine_plan is not None:
-            for name in ("vram_budget", "context_tokens", "slots", "bank"):
-                out[name] = {"value": self.machine_plan.display_value(name), "reason": self.machine_plan.reason(name)}
-        for part, (name, reason) in self.model.kernels.choices.items():
-            out[part] = {"value": name, "reason": reason}
-        if self.model.routing is not None:
-            out["routing"] = {"value": self.model.routing.spec.describe(),
-                              "reason": "synthetic expert ids for benchmarks (the router's weights are kept)"}
-        quantized = self._placed.get("quantized_linears", 0) > 0
-        out["linears"] = {"value": "native fp8/nvfp4" if quantized else "dense",
-                          "reason": ("the checkpoint's FP8/NVFP4 bytes on the device; W8A16/W4A16 GEMV in decode"
-                                     if quantized else "compute-dtype weights")}
-        fmt = self.model.layers[0].moe.experts.fmt
-        out["experts"] = {"value": "nvfp4 rows (W4A16)" if fmt == "nvfp4" else "dense",
-                          "reason": ("the checkpoint's 4-bit bytes in bank and slots, dequantized in the kernels"
-                                     if fmt == "nvfp4" else "experts in the compute dtype")}
-        out["overlap"] = {"value": self.model.overlap.split, "reason": getattr(self.model, "overlap_reason", "")}
-        lm = self.runner.layer_major
-        out["prefill_mode"] = {"value": f"layer-major above {self.options.prefill_chunk} tokens" if lm else "chunked",
-                               "reason": "forced by option" if self.options.prefill_mode != "auto" else
-                               ("experts are offloaded: each layer's bank crosses PCIe once per prompt" if lm else
-                                "experts are resident: nothing to stream")}
-        graphs = self.runner.use_graph
-        why = ("the decode step replays one captured CUDA graph" if graphs else
-               "off by option" if not self.options.cuda_graphs else
-               "needs CUDA, FlashInfer and the Triton MoE kernels")
-        out["cuda_graphs"] = {"value": graphs, "reason": why}
-        return out
+        """The resolved EngineConfig, rendered: decision -> {"value", "reason", "by"} (what runs, and why)."""
+        return self.engine_config.render()
 
     def score(self, token_ids: Sequence[int] | torch.Tensor, prefill: int | None = None) -> torch.Tensor:
         """Teacher forcing: float32 logits [len, vocab]. prefill=K: the first K tokens through prefill (in
@@ -243,12 +210,27 @@ class Engine:
             boundary = len(history) if prompt[:len(history)] == history else None
         return self._stream(prompt, prompt_text, params, cancel, session, boundary)
 
+    def complete(self, prompt: str | Sequence[int], sampling: SamplingParams | Mapping[str, Any] | None = None,
+                 cancel: threading.Event | None = None) -> Iterator[Event]:
+        """A raw prompt (text, or token ids) continued with no chat template and no thinking split: TokenDelta
+        events, then TurnDone (its reasoning empty). Bad input raises here, before any model work."""
+        params = sampling if isinstance(sampling, SamplingParams) else self.sampling_defaults.updated(dict(sampling or {}))
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise OptionError("the prompt encodes to no tokens")
+        limit = self.tokenizer.vocab_size
+        if not isinstance(prompt, str) and any(not 0 <= t < limit for t in ids):
+            raise OptionError(f"prompt token ids must be in [0, {limit})")
+        if len(ids) + 1 > self.max_context:
+            raise ContextLimitError(f"the prompt is {len(ids)} tokens and the context limit is {self.max_context}")
+        return self._stream(ids, "", params, cancel, raw=True)
+
     def _stream(self, prompt: list[int], prompt_text: str, params: SamplingParams,
                 cancel: threading.Event | None, session: Session | None = None,
-                boundary: int | None = None) -> Iterator[Event]:
+                boundary: int | None = None, raw: bool = False) -> Iterator[Event]:
         stats = GenerationStats()
         decoder = StreamDecoder(self.tokenizer, skip_special_tokens=True)
-        splitter = ThinkSplitter(in_thinking=prompt_text.rstrip("\n").endswith("<think>"))
+        splitter = _NoSplit() if raw else ThinkSplitter(in_thinking=prompt_text.rstrip("\n").endswith("<think>"))
         text, reasoning = [], []
         last_stats = time.perf_counter()
         with self._exclusive():
@@ -302,12 +284,10 @@ class Engine:
         if cache is not None:
             out["expert_slots"] = cache.rows.numel() * cache.rows.element_size()
             out["prefill_stream_buffers"] = cache.stream_buffer_bytes  # 0: they borrow slots during a prefill
-        a, lin, cfg = self.config.attention, self.config.linear, self.config
         itemsize = torch.finfo(self.model.dtype).bits // 8
-        out["kv_cache_at_limit"] = (len(cfg.full_attention_layers) * self.max_context * 2 * a.num_kv_heads
-                                    * a.head_dim * itemsize)
-        out["recurrent_state"] = len(cfg.linear_attention_layers) * (
-            lin.num_value_heads * lin.key_head_dim * lin.value_head_dim * 4 + lin.conv_dim * (lin.conv_kernel - 1) * itemsize)
+        sizes = ModelFacts.from_config(self.config, kv_dtype_bytes=itemsize, conv_dtype_bytes=itemsize)
+        out["kv_cache_at_limit"] = self.max_context * sizes.kv_bytes_per_token
+        out["recurrent_state"] = sizes.state_bytes
         workspace = getattr(self.model.kernels.attention, "workspace_bytes", 0)
         if workspace:
             out["attention_workspace"] = workspace
@@ -335,6 +315,16 @@ class Engine:
         if not self._busy.acquire(blocking=False):
             raise QwenlocalError("the engine is busy with another request; wait for it to finish")
         return _Release(self._busy)
+
+
+class _NoSplit:
+    """A raw completion has no thinking part: every piece is content."""
+
+    def push(self, piece: str) -> list[tuple[str, str]]:
+        return [("content", piece)] if piece else []
+
+    def flush(self) -> list[tuple[str, str]]:
+        return []
 
 
 class _Release:

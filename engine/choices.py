@@ -1,52 +1,53 @@
-"""What an engine is built with, decided once before any weight is read: the machine plan (slots, context),
-the expert format (NVFP4 rows or dense), the host bank, the decode overlap split, the context limit."""
+"""The torch side of the engine configuration: what `resolve` needs to know of this process (which kernel
+packages import, FP8 tensor cores, the probe's profile) and the objects built from an EngineConfig (the host
+bank, the decode overlap). Nothing here decides: every choice is in engine/resolve.py."""
 from __future__ import annotations
-
-from dataclasses import replace
 
 import torch
 
 from .config import ModelConfig
-from .errors import OptionError
+from .engine_config import EngineConfig, Software
 from .offload.bank import DENSE, HostExpertBank
 from .offload.overlap import CudaStreams, DecodeOverlap
-from .options import EngineOptions
-from .quant.nvfp4_rows import NVFP4_ROWS, nvfp4_expert_row_bytes
-from .quant.scheme import NVFP4
+from .quant.nvfp4_rows import NVFP4_ROWS
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 
 
-def check_slots(config: ModelConfig, opts: EngineOptions) -> bool:
-    """Whether the experts are offloaded (options.expert_slots); a bad slot count fails before any loading."""
-    if opts.expert_slots is None:
-        return False
-    total = config.num_layers * config.moe.num_experts
-    if not config.moe.top_k <= opts.expert_slots <= total:
-        raise OptionError(f"expert_slots must be between top_k={config.moe.top_k} and the {total} experts of the "
-                          f"model, got {opts.expert_slots}; leave it unset to keep every expert resident")
-    return True
-
-
-def offload_bank(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype,
-                  device: torch.device, native_nvfp4: bool = False) -> HostExpertBank | None:
-    """The host bank when the experts are offloaded, checked before any loading."""
-    if not check_slots(config, opts):
-        return None
-    return HostExpertBank(config, dtype, pin=device.type == "cuda", fmt=NVFP4_ROWS if native_nvfp4 else DENSE)
-
-
-def native_nvfp4_experts(opts: EngineOptions, experts_format: str, device: torch.device) -> bool:
-    """Whether the routed experts stay in NVFP4 bytes (bank, slots, W4A16 kernels) or are dequantized at load."""
-    if opts.expert_format == "dense" or (opts.expert_format == "auto" and experts_format != NVFP4):
-        return False
-    if experts_format != NVFP4:
-        raise OptionError(f"expert_format='nvfp4' needs a checkpoint whose routed experts are NVFP4 (e.g. "
-                          f"nvidia/Qwen3.6-35B-A3B-NVFP4, or make one with scripts/quantize_nvfp4.py); this "
-                          f"checkpoint's experts are {experts_format}")
-    if opts.expert_format == "nvfp4":
-        return True
+def detect_software(device: torch.device) -> Software:
+    """Which optional kernel packages import here (an install that fails at import counts as absent)."""
+    from .kernels.fp8_scaled_mm import fp8_tensor_cores
+    from .kernels.gdn_fla import fla_available
+    from .model.attention_backends import flashinfer_available
     from .model.kernels import _triton_available
 
-    return device.type == "cuda" and _triton_available()
+    gpu = device.type == "cuda"
+    return Software(triton=_triton_available(), flashinfer=gpu and flashinfer_available(), fla=gpu and fla_available(),
+                    fp8_tensor_cores=fp8_tensor_cores(device))
+
+
+def hardware_profile(device: torch.device):
+    """The probe's profile of this GPU (measured once, cached); None on the CPU (no probe: nothing to plan)."""
+    if device.type != "cuda":
+        return None
+    from .probe.cache import get_profile
+
+    return get_profile().profile
+
+
+def offload_bank(config: EngineConfig, model_cfg: ModelConfig, dtype: torch.dtype) -> HostExpertBank | None:
+    """The host bank the config asks for (None with every expert resident)."""
+    if not config.offloaded:
+        return None
+    return HostExpertBank(model_cfg, dtype, pin=config.bank_pinned, fmt=NVFP4_ROWS if config.experts == "nvfp4" else DENSE)
+
+
+def build_overlap(config: EngineConfig, device: torch.device) -> DecodeOverlap:
+    """The decode overlap split the config names, with its named streams on a GPU."""
+    if config.overlap == "off":
+        return DecodeOverlap("off")
+    return DecodeOverlap(config.overlap, CudaStreams(device))
 
 
 def placement_of(weights: dict[str, torch.Tensor], bank) -> dict:
@@ -62,17 +63,6 @@ def placement_of(weights: dict[str, torch.Tensor], bank) -> dict:
     if bank is not None:
         out["host_expert_bank"] = bank.bytes
     return out
-
-
-def apply_plan(opts: EngineOptions, plan) -> EngineOptions:
-    """What a GPU engine runs with: the plan's slot count when not every expert fits the VRAM budget (the
-    experts then live in the host bank), and its context when none was asked for. User values stay."""
-    changes = {}
-    if opts.expert_slots is None and not plan.all_resident:
-        changes["expert_slots"] = plan.slots
-    if opts.max_context is None:
-        changes["max_context"] = plan.context_tokens
-    return replace(opts, **changes) if changes else opts
 
 
 _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BF16": 2, "F16": 2, "I16": 2, "F32": 4,
@@ -91,81 +81,3 @@ def stored_dense_bytes(ckpt) -> int:
             n *= dim
         total += n
     return total
-
-
-def native_linears(opts: EngineOptions, device: torch.device) -> tuple[bool, bool]:
-    """(keep FP8/NVFP4 dense weights in their bytes, run their decode GEMV in Triton)."""
-    from .model.kernels import _triton_available
-
-    kernels = device.type == "cuda" and _triton_available()
-    if opts.linear_format == "dequantized":
-        return False, False
-    return (opts.linear_format == "native" or opts.fp8_prefill == "scaled-mm" or kernels), kernels
-
-
-def fp8_scaled_mm(opts: EngineOptions, device: torch.device) -> bool:
-    """FP8 prefill as W8A8 on tensor cores, only when asked. "auto" keeps W8A16: on the H200 W8A8 took 32.2 ms
-    per 2,048-token chunk over the model's FP8 projections against W8A16's 21.4 ms (the per-token activation
-    quantization runs as torch ops), and its E4M3 activations move prefill's numbers away from the decode
-    GEMV's (tiny model: top-1 agreement with W8A16 0.78-0.88); docs/RESULTS.md, session 4."""
-    from .kernels.fp8_scaled_mm import fp8_tensor_cores
-
-    if opts.fp8_prefill != "scaled-mm":
-        return False
-    if not fp8_tensor_cores(device):
-        major, minor = torch.cuda.get_device_capability(device)
-        raise OptionError(f"fp8_prefill=scaled-mm needs FP8 tensor cores (sm_89 or newer); this GPU is "
-                          f"sm_{major}{minor}. Use fp8_prefill=auto (dequantize).")
-    return True
-
-
-def machine_plan(config: ModelConfig, opts: EngineOptions, dtype: torch.dtype, native_nvfp4: bool = False,
-                 dense_bytes: int | None = None):
-    """The probe's profile of this GPU (cached) and the policy's plan for this model; raises ResourceError
-    with the numbers when the model cannot fit, before any weight is read."""
-    from .plan import ModelFacts, resolve_plan
-    from .probe.cache import get_profile
-
-    facts = ModelFacts.from_config(config, expert_dtype_bytes=torch.finfo(dtype).bits / 8,
-                                   dense_dtype_bytes=torch.finfo(dtype).bits / 8)
-    if dense_bytes is not None:  # quantized linears kept native: the stored size, not a BF16 estimate
-        facts = replace(facts, dense_bytes=dense_bytes)
-    if native_nvfp4:  # a slot and a bank row hold the expert's 4-bit bytes
-        facts = replace(facts, expert_bytes=nvfp4_expert_row_bytes(config.hidden_size, config.moe.intermediate_size))
-    return resolve_plan(get_profile().profile, facts, opts, device="cuda")
-
-
-def choose_overlap(opts: EngineOptions, device: torch.device, cache, plan=None) -> tuple[DecodeOverlap, str]:
-    """The decode overlap split, decided once before any graph capture, with its reason. "auto" takes the
-    machine plan's split (its rule: copy-side with several copy engines on a native driver, shared-side on
-    one copy engine or WDDM; a measured micro-bench wins over both). Both splits passed the GPU byte-equality
-    gate (tests/test_gpu_overlap.py, H200) and measured +2.0 % / +1.4 % decode at 120K (docs/RESULTS.md)."""
-    if opts.overlap == "off":
-        return DecodeOverlap("off"), "off by option"
-    if device.type != "cuda":
-        return DecodeOverlap("off"), "CPU decode: one stream, nothing to overlap"
-    if cache is None:
-        return DecodeOverlap("off"), "experts all resident: no miss copies to hide"
-    if opts.overlap == "auto":
-        if plan is None or plan.overlap == "off":
-            why = plan.reason("overlap") if plan is not None else "no machine plan"
-            return DecodeOverlap("off"), f"auto: off ({why})"
-        return DecodeOverlap(plan.overlap, CudaStreams(device)), f"auto: {plan.reason('overlap')}"
-    return DecodeOverlap(opts.overlap, CudaStreams(device)), f"{opts.overlap} forced by option"
-
-
-def fused_decode(opts: EngineOptions, device: torch.device) -> bool:
-    """Whether the decode step runs the fused Triton kernels: "auto" on a GPU, "fused" refused on the CPU (the
-    interpreter would take minutes per token), "reference" never."""
-    if opts.decode_kernels == "reference":
-        return False
-    if device.type != "cuda":
-        if opts.decode_kernels == "fused":
-            raise OptionError("decode_kernels=fused needs a CUDA GPU with Triton; on the CPU use decode_kernels=auto "
-                              "or reference")
-        return False
-    return True
-
-
-def context_limit(config: ModelConfig, options: EngineOptions) -> int:
-    return min(options.max_context or config.max_position_embeddings, config.max_position_embeddings)

@@ -1,7 +1,10 @@
-"""The plan: hardware profile + model facts + user options -> what the engine turns on, each with a reason.
+"""The machine plan: hardware profile + model sizes + user options -> what the machine affords, with reasons.
 
-`resolve_plan` is a pure function (no torch, no I/O): the same inputs give the same Plan, so every policy
-branch is unit-tested with faked profiles. Every choice carries a one-line reason that `probe`, `bench` and
+`resolve_plan` is the machine step of `resolve` (engine/resolve.py), which calls it once over the sizes at
+the formats it chose and takes from it the VRAM budget, the context, the slot count that fits and the host
+bank; its overlap and layer-major rules (`_auto_overlap`, `_auto_layer_major`) are the ones resolve applies.
+The engine reads only resolve's EngineConfig. A pure function (no torch, no I/O): the same inputs give the
+same Plan, so every policy branch is unit-tested with faked profiles. The arithmetic is engine/memory.py's. Every choice carries a one-line reason that `probe`, `bench` and
 the chat's status show. A user option other than "auto" wins, and its reason says "overridden by user" and
 what auto would have picked.
 
@@ -25,86 +28,21 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import FeatureUnavailableError, OptionError, ResourceError
+from .memory import (BORROW_STREAM_MIN_LAYERS, GIB, KV_SHARE, MIB, MIN_AUTO_CONTEXT, VRAM_MARGIN,  # noqa: F401
+                     WORKSPACE_BASE, WORKSPACE_PER_CHUNK_TOKEN, ModelFacts, VramBudget, auto_context, auto_vram_budget,
+                     capped_budget, gib as _gib, pow2_floor as _pow2_floor, slot_fit, workspace_bytes)
 from .options import EngineOptions
 
 if TYPE_CHECKING:
     from .config import ModelConfig
     from .probe.profile import HardwareProfile
 
-GIB = 2**30
-MIB = 2**20
-VRAM_MARGIN = 256 * MIB  # kept free when the budget comes from free VRAM (allocator slack, other processes)
-WORKSPACE_BASE = 768 * MIB  # activations, CUDA graphs, kernel workspaces (an estimate, not a measurement)
-WORKSPACE_PER_CHUNK_TOKEN = 128 * 1024  # prefill activations grow with the chunk
-# With at least this many layers' worth of expert slots, prefill's two stream buffers borrow slots (lent for
-# the prefill, refilled after) instead of taking VRAM of their own (offload/cache.py).
-BORROW_STREAM_MIN_LAYERS = 3
-KV_SHARE = 3  # auto context: the KV cache takes at most 1/KV_SHARE of the VRAM left after dense + workspace
-MIN_AUTO_CONTEXT = 4096
 MICROBENCH_MIN_GAIN = 0.01  # a split must beat serial by 1 % in the micro-bench to be chosen
 ASSUMED_PAGEABLE_GBPS = 6.0  # H200 measurement; used in reasons only when the profile has none
 
 
-def _gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
-
-
 def _gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB"
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the plan needs to know about a model: sizes only."""
-
-    name: str
-    num_layers: int
-    num_experts: int  # routed experts per layer
-    top_k: int
-    expert_bytes: int  # one routed expert as the bank stores it
-    dense_bytes: int  # everything that is not a routed expert (lives on the GPU)
-    kv_bytes_per_token: int  # all full-attention layers, K and V
-    state_bytes: int  # recurrent (GatedDeltaNet) state + conv state of one sequence
-    max_context: int
-
-    @property
-    def experts_total_bytes(self) -> int:
-        return self.num_layers * self.num_experts * self.expert_bytes
-
-    @property
-    def total_experts(self) -> int:
-        return self.num_layers * self.num_experts
-
-    @classmethod
-    def from_config(cls, cfg: "ModelConfig", *, expert_dtype_bytes: float = 2.0, block_scale_group: int | None = None,
-                    dense_dtype_bytes: float = 2.0, dense_bytes: int | None = None, kv_dtype_bytes: int = 2,
-                    state_dtype_bytes: int = 4, name: str = "model") -> "ModelFacts":
-        """Sizes from a ModelConfig. expert_dtype_bytes: 2 for BF16, 1 for FP8, 0.5 for FP4. block_scale_group:
-        with FP4, one FP8 scale per this many weights plus one fp32 global per output row (the bank layout;
-        16 reproduces the seeds' 1,781,760 B NVFP4 expert). dense_bytes: pass the real figure for mixed-precision
-        checkpoints; otherwise every dense weight is counted at dense_dtype_bytes (exact for BF16)."""
-        h, moe, att, lin = cfg.hidden_size, cfg.moe, cfg.attention, cfg.linear
-        i = moe.intermediate_size
-        weights = 3 * h * i
-        expert = weights * expert_dtype_bytes
-        if block_scale_group:
-            expert += weights // block_scale_group + (2 * i + h) * 4
-        n_full, n_lin = len(cfg.full_attention_layers), len(cfg.linear_attention_layers)
-        if dense_bytes is None:
-            params = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2) + h  # embed, lm_head, final norm
-            params += cfg.num_layers * (2 * h + moe.num_experts * h + 3 * h * moe.shared_intermediate_size + h)
-            q_out, kv_out = att.num_heads * att.head_dim, att.num_kv_heads * att.head_dim
-            params += n_full * (h * 2 * q_out + 2 * h * kv_out + q_out * h + 2 * att.head_dim)
-            nv = lin.num_value_heads
-            params += n_lin * (h * lin.conv_dim + h * lin.value_dim + 2 * h * nv + lin.conv_dim * lin.conv_kernel
-                               + 2 * nv + lin.value_head_dim + lin.value_dim * h)
-            dense_bytes = int(params * dense_dtype_bytes)
-        kv = n_full * 2 * att.num_kv_heads * att.head_dim * kv_dtype_bytes
-        state = n_lin * (lin.num_value_heads * lin.key_head_dim * lin.value_head_dim * state_dtype_bytes
-                         + lin.conv_dim * (lin.conv_kernel - 1) * 2)
-        return cls(name=name, num_layers=cfg.num_layers, num_experts=moe.num_experts, top_k=moe.top_k,
-                   expert_bytes=int(expert), dense_bytes=int(dense_bytes), kv_bytes_per_token=kv, state_bytes=state,
-                   max_context=cfg.max_position_embeddings)
 
 
 # Qwen3.6-35B-A3B as nvidia/Qwen3.6-35B-A3B-NVFP4 stores it (shared/reference/model-formats.md §3.3, §5):
@@ -115,21 +53,6 @@ QWEN36_35B_A3B_NVFP4 = ModelFacts(
     dense_bytes=2_705_517_300, kv_bytes_per_token=20_480, state_bytes=30 * (32 * 128 * 128 * 4 + 8192 * 3 * 2),
     max_context=262_144,
 )
-
-
-@dataclass(frozen=True)
-class VramBudget:
-    budget: int
-    dense: int
-    kv: int
-    state: int
-    workspace: int
-    slots: int  # bytes of expert slots
-    stream: int = 0  # the two whole-layer prefill stream buffers (offloaded experts only)
-
-    @property
-    def fixed(self) -> int:
-        return self.dense + self.kv + self.state + self.workspace + self.stream
 
 
 @dataclass(frozen=True)
@@ -207,10 +130,6 @@ class _Decisions:
         self.overridden.add(name)
         extra = f"; {note}" if note else ""
         self.reasons[name] = f"overridden by user ({shown}){extra}; auto would pick {auto_value}: {auto_reason}"
-
-
-def _pow2_floor(n: int) -> int:
-    return 1 << (max(1, n).bit_length() - 1)
 
 
 def resolve_plan(profile: "HardwareProfile", model: ModelFacts, options: EngineOptions | dict | None = None, *,
@@ -306,16 +225,9 @@ def _device(profile: "HardwareProfile", device: str | None, d: _Decisions) -> st
 def _vram(profile, model: ModelFacts, opts: EngineOptions, chunk: int, d: _Decisions):
     free, total = profile.value("vram_free"), profile.value("vram_total")
     gpu = profile.value("gpu_name", "this GPU")
-    if free:
-        auto_budget, auto_why = max(0, free - VRAM_MARGIN), f"free VRAM {_gib(free)} less a {VRAM_MARGIN // MIB} MiB margin"
-    elif total:
-        auto_budget, auto_why = int(total * 0.9), f"90% of {_gib(total)} (free VRAM was not read)"
-    else:
-        auto_budget, auto_why = None, "the GPU's memory size is unknown"
+    auto_budget, auto_why = auto_vram_budget(free, total)
     if opts.vram_budget is not None:
-        budget, note = opts.vram_budget, ""
-        if free and budget > free:
-            budget, note = max(0, free - VRAM_MARGIN), f"only {_gib(free)} is free, so {_gib(budget)} is used"
+        budget, note = capped_budget(opts.vram_budget, free)
         d.user("vram_budget", f"vram_budget={_gib(opts.vram_budget)}",
                _gib(auto_budget) if auto_budget is not None else "?", auto_why, note)
     elif auto_budget is None:
@@ -325,11 +237,9 @@ def _vram(profile, model: ModelFacts, opts: EngineOptions, chunk: int, d: _Decis
         budget = auto_budget
         d.auto("vram_budget", auto_why)
 
-    workspace = WORKSPACE_BASE + chunk * WORKSPACE_PER_CHUNK_TOKEN
-    fixed = model.dense_bytes + model.state_bytes + workspace
-    layer = model.num_experts * model.expert_bytes
-    share = max(0, budget - fixed) // KV_SHARE
-    auto_ctx = min(model.max_context, max(MIN_AUTO_CONTEXT, _pow2_floor(share // model.kv_bytes_per_token)))
+    workspace = workspace_bytes(chunk)
+    layer = model.layer_bytes
+    auto_ctx = auto_context(model, budget, chunk)
     if auto_ctx == model.max_context:
         ctx_why = f"the model's maximum (KV {_gib(auto_ctx * model.kv_bytes_per_token)})"
     else:
@@ -341,17 +251,9 @@ def _vram(profile, model: ModelFacts, opts: EngineOptions, chunk: int, d: _Decis
     else:
         ctx = auto_ctx
         d.auto("context_tokens", ctx_why)
-    kv = ctx * model.kv_bytes_per_token
-    room = budget - fixed - kv
-    stream = 0
-    fit_all = max(0, room) // model.expert_bytes
-    if fit_all < model.total_experts and fit_all < BORROW_STREAM_MIN_LAYERS * model.num_experts:
-        # Offloaded with few slots: prefill's two whole-layer stream buffers need VRAM of their own (with
-        # more slots they borrow slots during a prefill).
-        stream = 2 * layer
-        room -= stream
-    fit = max(0, room) // model.expert_bytes
-    if fit < model.num_experts:
+    fit = slot_fit(model, budget, ctx, chunk)
+    fixed, kv, stream = fit.fixed, fit.kv, fit.stream
+    if not fit.slots_ok:
         need = fixed + kv + stream + layer
         tips = []
         ctx_fit = (budget - fixed - stream - layer) // model.kv_bytes_per_token
@@ -369,8 +271,7 @@ def _vram(profile, model: ModelFacts, opts: EngineOptions, chunk: int, d: _Decis
             f"slots, {model.num_experts} x "
             f"{model.expert_bytes / MIB:.2f} MiB = {_gib(layer)}), but the budget is {_gib(budget)}. "
             f"To run: {'; or '.join(tips)}.")
-    all_resident = fit >= model.total_experts
-    slots = model.total_experts if all_resident else int(fit)
+    all_resident, slots = fit.all_resident, fit.slots
     breakdown = (f"budget {_gib(budget)} - dense {_gib(model.dense_bytes)} - KV {_gib(kv)} - state "
                  f"{_gib(model.state_bytes)} - workspace {_gib(workspace)}"
                  + (f" - prefill stream buffers {_gib(stream)}" if stream else ""))

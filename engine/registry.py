@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .memory import ModelInfo
 from .plan import QWEN36_35B_A3B_NVFP4, ModelFacts
 
 SYNTHETIC_PREFIX = "synthetic:"
@@ -25,6 +26,13 @@ SYNTHETIC_QWEN36_NVFP4_EXPERTS = replace(QWEN36_35B_A3B_NVFP4, name="Qwen3.6-35B
 # Text-tower parameters (model-formats §2.7): routed experts + everything else. What the CPU path holds in its
 # compute dtype (float32 by default), whatever the checkpoint's storage format.
 QWEN36_TEXT_PARAMS = 32_212_254_720 + 2_448_355_968
+# What `resolve` needs of nvidia/Qwen3.6-35B-A3B-NVFP4 before a download (geometry: model-formats §1; stored
+# dense bytes §3.3): `qwenlocal probe` plans it with the same resolve and memory arithmetic the engine uses.
+QWEN36_35B_A3B_NVFP4_INFO = ModelInfo(
+    name="Qwen3.6-35B-A3B NVFP4", num_layers=40, num_experts=256, top_k=8, hidden_size=2048, moe_intermediate=512,
+    dense_params=2_448_355_968, kv_bytes_per_token=20_480, state_bytes=QWEN36_35B_A3B_NVFP4.state_bytes,
+    max_context=262_144, attention_head_dim=256, gdn_head_dims=(128, 128), expert_format="nvfp4",
+    quantized_linears=True, stored_dense_bytes=QWEN36_35B_A3B_NVFP4.dense_bytes)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,7 @@ import torch
 from .config import ModelConfig, parse_model_config
 from .errors import OptionError
 from .load import FP32_SUFFIXES
-from .options import EngineOptions
-from .quant.synthetic_formats import apply_real_formats, as_stored_bf16, stored_dense_bytes_of
+from .quant.synthetic_formats import apply_real_formats, as_stored_bf16
 from .quant.nvfp4_rows import dequant_expert_rows, quantize_expert_rows
 from .tiny import GEOMETRIES, TinyGeometry, config_dict, random_weights
 
@@ -71,30 +70,12 @@ def synthetic_config(ref: str, vocab_size: int) -> ModelConfig:
     return parse_model_config(config_dict(geometry, fixed_vocab or vocab_size, 0))
 
 
-def synthetic_linears(ref: str, opts: EngineOptions, device: torch.device) -> Linears:
-    """What load.py would do with the real checkpoint's FP8/NVFP4 dense linears here (choices.native_linears);
-    the BF16 models have none."""
-    from .choices import fp8_scaled_mm, native_linears
-
-    if not synthetic_nvfp4(ref):
-        return DEQUANTIZED_LINEARS
-    keep, kernels = native_linears(opts, device)
-    scaled_mm = fp8_scaled_mm(opts, device)  # may refuse this GPU, before anything is made
-    return keep, kernels and keep, scaled_mm and keep
-
-
-def synthetic_plan_dense_bytes(config: ModelConfig, linears: Linears) -> int | None:
-    """machine_plan's dense_bytes: the stored bytes when the linears stay native (as the real checkpoint's path
-    passes choices.stored_dense_bytes), else None (the plan's compute-dtype estimate)."""
-    return stored_dense_bytes_of(config) if linears[0] else None
-
-
 def synthetic_model(ref: str, device: torch.device, dtype: torch.dtype, vocab_size: int,
                     seed: int = 0, expert_sink: Callable | None = None,
                     linears: Linears = DEQUANTIZED_LINEARS) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """ModelConfig + weights (canonical names, experts stacked) for `synthetic:NAME`, on `device`. With
     expert_sink(layer, gate_up, down), each layer's experts go there as they are made instead. A -nvfp4 model's
-    dense weights are in the real checkpoint's formats; linears as synthetic_linears says."""
+    dense weights are in the real checkpoint's formats; linears: (keep native, Triton GEMV, W8A8 prefill) as the engine config resolved them."""
     config = synthetic_config(ref, vocab_size)
     _, geometry, _ = synthetic_geometry(ref)
     weights = random_weights(geometry, config.vocab_size, seed, device=device, dtype=dtype, expert_sink=expert_sink)
@@ -126,7 +107,7 @@ def shared_synthetic(ref: str, device: torch.device, dtype: torch.dtype, vocab_s
     None keeps the experts with the weights (resident); else it makes the host bank the experts stream into.
     For a -nvfp4 model the experts are quantized as they are made and kept as NVFP4 rows (native_nvfp4) or
     dequantized back to the compute dtype: either way the model's values are the quantized ones. Its dense
-    linears likewise (linears: synthetic_linears)."""
+    linears likewise."""
     key = (ref, str(device), dtype, vocab_size, make_bank is not None, native_nvfp4, tuple(linears))
     found = _SHARED.get(key)
     shared = found() if found is not None else None

@@ -78,20 +78,25 @@ def test_quant_linear_runs_w8a8_for_prefill_only():
     assert not odd.scaled_mm  # K = 40 is not a multiple of 16: W8A16
 
 
-def test_fp8_prefill_option_is_checked_before_loading(monkeypatch):
-    from qwenlocal.engine import choices
+def test_fp8_prefill_option_is_checked_before_loading():
+    from qwenlocal.engine.engine_config import Software
+    from qwenlocal.engine.memory import ModelInfo
+    from qwenlocal.engine.probe import fake
+    from qwenlocal.engine.resolve import resolve
+    from qwenlocal.engine.synthetic import synthetic_config
 
     with pytest.raises(OptionError, match="fp8_prefill"):
         EngineOptions(fp8_prefill="int8")
     with pytest.raises(OptionError, match="linear_format=dequantized"):
         EngineOptions(fp8_prefill="scaled-mm", linear_format="dequantized")
+    info = ModelInfo.from_config(synthetic_config("synthetic:tiny", 512), quantized_linears=True)
     opts = EngineOptions(fp8_prefill="scaled-mm")
-    assert choices.native_linears(opts, torch.device("cpu"))[0]  # the W8A8 path needs the FP8 bytes kept
-    assert not choices.fp8_scaled_mm(EngineOptions(), torch.device("cpu"))
-    monkeypatch.setattr(fsm, "fp8_tensor_cores", lambda device: False)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    cpu = resolve(opts, info, None, "cpu", Software())
+    assert cpu.linears == "native" and cpu.fp8_prefill == "scaled-mm"  # the W8A8 path needs the FP8 bytes kept
+    plain = resolve(EngineOptions(), info, None, "cpu", Software())
+    assert plain.fp8_prefill == "dequantize" and plain.linears == "dequantized"
     with pytest.raises(OptionError, match="sm_80"):
-        choices.fp8_scaled_mm(opts, torch.device("cuda"))
+        resolve(opts, info, fake.fake_gpu_profile(cc="8.0"), "cuda", Software(triton=True, fp8_tensor_cores=False))
 
 
 @pytest.fixture(scope="module")

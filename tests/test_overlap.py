@@ -127,32 +127,41 @@ def test_engine_falls_back_to_serial_where_the_overlap_does_not_apply(tiny_ckpt)
 
 
 def test_auto_overlap_follows_the_machine_plan(monkeypatch):
-    """auto: the plan's split on a GPU with offloaded experts; off where the plan says off, without a plan,
-    on the CPU and with every expert resident. Forced values stay."""
+    """auto: the hardware rule's split on a GPU with offloaded experts; off on the CPU and with every expert
+    resident. Forced values stay; the built DecodeOverlap is the config's split."""
     import torch
 
-    from qwenlocal.engine import api, choices
+    from qwenlocal.engine import choices
+    from qwenlocal.engine.engine_config import Software
+    from qwenlocal.engine.memory import ModelInfo
     from qwenlocal.engine.options import EngineOptions
-    from qwenlocal.engine.plan import ModelFacts, resolve_plan
     from qwenlocal.engine.probe import fake
+    from qwenlocal.engine.resolve import resolve
     from qwenlocal.engine.synthetic import synthetic_config
 
     monkeypatch.setattr(choices, "CudaStreams", lambda device: ("fake streams", device))
-    facts = ModelFacts.from_config(synthetic_config("synthetic:qwen3.6-35b-a3b", 0), expert_dtype_bytes=2)
+    info = ModelInfo.from_config(synthetic_config("synthetic:qwen3.6-35b-a3b", 0))
+    sw = Software(triton=True, flashinfer=True, fla=True)
     opts = EngineOptions(vram_budget="16GiB")
-    cuda, cache = torch.device("cuda"), object()
-    native = resolve_plan(fake.linux_pcie5_x16(), facts, opts, device="cuda")
-    wsl = resolve_plan(fake.wsl2_rtx5070ti(), facts, opts, device="cuda")
+    cuda = torch.device("cuda")
+    native = resolve(opts, info, fake.linux_pcie5_x16(), "cuda", sw)
+    wsl = resolve(opts, info, fake.wsl2_rtx5070ti(), "cuda", sw)
+    assert native.offloaded and wsl.offloaded
     assert (native.overlap, wsl.overlap) == ("copy-side", "shared-side")
-    for plan in (native, wsl):
-        chosen, why = api.choose_overlap(opts, cuda, cache, plan)
-        assert chosen.split == plan.overlap and why.startswith("auto:") and chosen.streams[0] == "fake streams"
-    assert api.choose_overlap(opts, cuda, cache, None)[0].split == "off"
-    assert api.choose_overlap(opts, cuda, None, native)[0].split == "off"  # all resident: nothing to hide
-    assert api.choose_overlap(opts, torch.device("cpu"), cache, native)[0].split == "off"
-    forced = EngineOptions(vram_budget="16GiB", overlap="shared-side")
-    assert api.choose_overlap(forced, cuda, cache, native)[0].split == "shared-side"
-    assert api.choose_overlap(EngineOptions(overlap="off"), cuda, cache, native)[0].split == "off"
+    for config in (native, wsl):
+        built = choices.build_overlap(config, cuda)
+        assert built.split == config.overlap and built.streams[0] == "fake streams"
+    resident = resolve(EngineOptions(), info, fake.h200(), "cuda", sw)
+    assert not resident.offloaded and resident.overlap == "off"  # all resident: nothing to hide
+    assert choices.build_overlap(resident, cuda).split == "off"
+    assert resolve({"expert_slots": 20}, info, None, "cpu", sw).overlap == "off"  # the CPU engine has no probe
+    forced = resolve(EngineOptions(vram_budget="16GiB", overlap="shared-side"), info, fake.linux_pcie5_x16(), "cuda", sw)
+    assert forced.overlap == "shared-side" and "overridden by user" in forced.reason("overlap")
+    assert resolve(EngineOptions(overlap="off", vram_budget="16GiB"), info, fake.linux_pcie5_x16(), "cuda",
+                   sw).overlap == "off"
+    # Forced where it cannot apply (every expert resident): the config says it runs off, and why.
+    idle = resolve(EngineOptions(overlap="copy-side"), info, fake.h200(), "cuda", sw)
+    assert idle.overlap == "off" and "runs off" in idle.reason("overlap")
 
 
 def test_microbench_schedule_gives_exactly_the_asked_misses_per_step():

@@ -18,9 +18,8 @@ from qwenlocal.engine.quant.linear import QuantLinear
 from qwenlocal.engine.quant.nvfp4_rows import dequant_expert_rows, nvfp4_expert_row_bytes, quantize_expert_rows
 from qwenlocal.engine.quant.synthetic_formats import quantize_nvfp4_blocked
 from qwenlocal.engine.registry import synthetic_facts
-from qwenlocal.engine.synthetic import (synthetic_config, synthetic_geometry, synthetic_linears,
-                                        synthetic_plan_dense_bytes)
-from qwenlocal.engine.options import EngineOptions
+from qwenlocal.engine.quant.synthetic_formats import stored_dense_bytes_of
+from qwenlocal.engine.synthetic import synthetic_config, synthetic_geometry
 from qwenlocal.engine.tiny import random_weights
 
 REF = "synthetic:tiny-nvfp4"
@@ -167,9 +166,9 @@ def test_engine_runs_score_and_chat_native_and_dequantized_agree(native, dequant
 
 def test_plan_dense_bytes_are_the_stored_bytes(native, export):
     cfg, weights = native.config, native._shared.weights
-    keep = synthetic_linears(REF, EngineOptions.coerce(NATIVE), torch.device("cpu"))
-    assert keep[0] and not keep[1]  # kept native; no Triton GEMV on the CPU
-    figure = synthetic_plan_dense_bytes(cfg, keep)
+    plan = native.engine_config
+    assert plan.linears == "native" and not plan.linear_kernels  # kept native; no Triton GEMV on the CPU
+    figure = stored_dense_bytes_of(cfg)
     # What the real checkpoint's path passes to machine_plan (choices.stored_dense_bytes of the export) ...
     assert figure == stored_dense_bytes(Checkpoint(export))
     # ... = the bytes the synthetic model holds in those formats (BF16 rest at 2 B, A_log/dt_bias too, as stored),
@@ -179,8 +178,9 @@ def test_plan_dense_bytes_are_the_stored_bytes(native, export):
     n_fp8 = sum(w.fmt == "fp8" for w in quant)
     assert figure == sum(w.nbytes for w in quant) + bf16 + 4 * n_fp8
     assert native.placement()["quantized_linears"] == sum(w.nbytes for w in quant)
-    dequant = synthetic_linears(REF, EngineOptions.coerce({"linear_format": "dequantized"}), torch.device("cpu"))
-    assert synthetic_plan_dense_bytes(cfg, dequant) is None  # dequantized: the plan's compute-dtype estimate
+    dequant = Engine.from_pretrained(REF, device="cpu", options={"linear_format": "dequantized"})
+    assert dequant.engine_config.linears == "dequantized"
+    assert not any(isinstance(w, QuantLinear) for w in dequant._shared.weights.values())
 
 
 def test_full_size_stored_dense_bytes_are_the_nvfp4_checkpoints():
@@ -189,7 +189,7 @@ def test_full_size_stored_dense_bytes_are_the_nvfp4_checkpoints():
     1,069,409,536), the fit check's sizes, and the BF16 variant's 4.9 GB."""
     cfg = synthetic_config("synthetic:qwen3.6-35b-a3b-nvfp4", 0)
     assert cfg.vocab_size == 248_320 and not cfg.tie_word_embeddings
-    stored = synthetic_plan_dense_bytes(cfg, (True, True, False))
+    stored = stored_dense_bytes_of(cfg)
     assert stored == QWEN36_35B_A3B_NVFP4.dense_bytes == 2_705_517_300
     assert synthetic_facts("synthetic:qwen3.6-35b-a3b-nvfp4").dense_bytes == stored
     bf16 = synthetic_config("synthetic:qwen3.6-35b-a3b", 0)
@@ -199,7 +199,6 @@ def test_full_size_stored_dense_bytes_are_the_nvfp4_checkpoints():
 
 def test_bf16_synthetic_stays_all_bf16():
     engine = Engine.from_pretrained("synthetic:tiny", device="cpu", options={"linear_format": "native"})
-    assert synthetic_linears("synthetic:tiny", EngineOptions.coerce(NATIVE), torch.device("cpu")) == (False,) * 3
     assert engine.plan["linears"]["value"] == "dense" and engine.plan["experts"]["value"] == "dense"
     weights = engine._shared.weights
     assert all(isinstance(w, torch.Tensor) for w in weights.values())

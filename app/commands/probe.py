@@ -1,6 +1,8 @@
 """`qwenlocal probe`: measure this machine (or read the cached profile) and show what the engine will turn on.
 
-The plan is for the default model geometry, Qwen3.6-35B-A3B NVFP4, under the options given here.
+The plan is for the default model, Qwen3.6-35B-A3B NVFP4, under the options given here: the engine's own
+`resolve` (the EngineConfig a real engine would run with, the same keys as `Engine.plan`), with the kernel
+packages that are installed here.
 """
 from __future__ import annotations
 
@@ -41,9 +43,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from qwenlocal.engine.engine_config import Software
     from qwenlocal.engine.options import EngineOptions
-    from qwenlocal.engine.plan import QWEN36_35B_A3B_NVFP4, resolve_plan
     from qwenlocal.engine.probe import get_profile
+    from qwenlocal.engine.registry import QWEN36_35B_A3B_NVFP4_INFO
+    from qwenlocal.engine.resolve import resolve
 
     t0 = time.perf_counter()
     options = EngineOptions.coerce(None, vram_budget=args.vram_budget, max_context=args.max_context,
@@ -52,10 +56,10 @@ def run(args: argparse.Namespace) -> int:
     result = get_profile(refresh=args.refresh, depth="full" if args.full else "quick")
     if args.overlap_bench:
         result = _overlap_bench(result)
-    model = QWEN36_35B_A3B_NVFP4
+    model = QWEN36_35B_A3B_NVFP4_INFO
     plan, plan_error = None, None
     try:
-        plan = resolve_plan(result.profile, model, options, device=args.device)
+        plan = resolve(options, model, result.profile, args.device, Software.installed())
     except QwenlocalError as exc:
         plan_error = exc
     elapsed = time.perf_counter() - t0
@@ -75,7 +79,9 @@ def _as_json(result, model, options, plan, plan_error, elapsed: float) -> dict:
         "cuda_available": profile.has_cuda,
         "cuda_note": profile.cuda_available.note,
         "profile": profile.to_dict(),
-        "model": {**asdict(model), "experts_total_bytes": model.experts_total_bytes},
+        "model": {**asdict(model), "params": model.params,
+                  "sizes": asdict(model.facts(plan.dtype, plan.experts == "nvfp4", plan.linears == "native"))
+                  if plan else None},
         "options": opts,
         "plan": plan.to_dict() if plan else None,
         "plan_error": {"kind": type(plan_error).__name__, "message": str(plan_error)} if plan_error else None,
@@ -140,7 +146,7 @@ def _show(result, model, plan, plan_error, elapsed: float) -> None:
         ptable.add_column("by")
         ptable.add_column("reason", overflow="fold")
         for name, value, reason, overridden in plan.rows():
-            ptable.add_row(name, value, "[magenta]user[/]" if overridden else "auto", reason)
+            ptable.add_row(name, str(value), "[magenta]user[/]" if overridden else "auto", reason)
         console.print(ptable)
     where = str(result.path) if result.path else "not cached"
     how = (f"cached profile ({result.note}); --refresh measures again" if result.from_cache

@@ -119,7 +119,8 @@ class EngineSession:
         plan = self.engine.plan
         plan = plan.to_dict() if hasattr(plan, "to_dict") else plan
         opts = self.engine.options
-        return {"plan": plan, "options": {k: getattr(opts, k) for k in opts.__dataclass_fields__},
+        config = getattr(self.engine, "engine_config", None)  # every decision, as data (resolve's EngineConfig)
+        return {"plan": plan, "config": config.to_dict() if config is not None else None, "options": {k: getattr(opts, k) for k in opts.__dataclass_fields__},
                 "stats": self.engine.stats(), "device": str(self.engine.device),
                 "dtype": str(getattr(self.engine.model, "dtype", "")).replace("torch.", "")}
 

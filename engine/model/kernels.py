@@ -9,7 +9,7 @@ import torch
 
 from ..config import ModelConfig
 from ..kernels.gdn_torch import gdn_core_torch
-from .attention_backends import FlashInferAttention, SdpaAttention, flashinfer_available
+from .attention_backends import FlashInferAttention, SdpaAttention
 from .moe import (nvfp4_experts_decode_reference, nvfp4_experts_reference, routed_experts_decode_reference,
                   routed_experts_reference)
 
@@ -28,9 +28,10 @@ class Kernels:
     fused_decode: bool = False  # the batch-1 decode step runs the fused Triton kernels (options.decode_kernels)
 
 
-# Head sizes FlashInfer ships/compiles attention kernels for, and fla's GDN kernels handle.
-FLASHINFER_HEAD_DIMS = (64, 128, 256)
-FLA_HEAD_DIMS = (16, 32, 64, 128, 256)
+# Head sizes FlashInfer ships/compiles attention kernels for, and fla's GDN kernels handle (resolve decides).
+from ..resolve import FLA_HEAD_DIMS, FLASHINFER_HEAD_DIMS  # noqa: E402,F401
+
+KERNEL_PARTS = ("attention", "gdn", "moe", "decode")
 
 
 def _triton_available() -> bool:
@@ -42,39 +43,39 @@ def _triton_available() -> bool:
 
 
 def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_len: int,
-                   attention: str = "auto", fused_decode: bool = False) -> Kernels:
+                   attention: str = "auto", fused_decode: bool = False, *, config=None) -> Kernels:
+    """The kernels an EngineConfig names (config.attention/gdn/moe/decode, with their reasons); it decides
+    nothing. Without a config (tools, old callers) the names come from resolve's own kernel_choices for this
+    process; attention="sdpa" then forces SDPA and fused_decode asks for the fused decode step."""
+    if config is not None:
+        choices = {part: (getattr(config, part), config.reason(part)) for part in KERNEL_PARTS}
+    else:
+        from ..choices import DTYPE_NAMES, detect_software
+        from ..memory import ModelInfo
+        from ..resolve import kernel_choices
+
+        choices = kernel_choices(ModelInfo.from_config(cfg), device.type, DTYPE_NAMES[dtype],
+                                 "auto" if fused_decode else "reference", detect_software(device))
+        if attention == "sdpa" and choices["attention"][0] != "sdpa":
+            choices["attention"] = ("sdpa", "torch SDPA: forced by the attention option (no CUDA graphs with this "
+                                            "backend)")
+    return build_kernels(cfg, device, dtype, max_len, choices)
+
+
+def build_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_len: int,
+                  choices: dict[str, tuple[str, str]]) -> Kernels:
     a = cfg.attention
-    choices = {}
-    if device.type != "cuda":
-        attn = SdpaAttention(a.num_heads, a.num_kv_heads, a.head_dim)
-        choices["attention"] = ("sdpa", "CPU: torch SDPA over a contiguous KV cache (the reference path)")
-        choices["gdn"] = ("torch", "CPU: the torch chunked/recurrent gated delta rule (the reference path)")
-        choices["moe"] = ("torch", "CPU: per-expert loop over the chosen experts (the reference path)")
-        return Kernels(attn, gdn_core_torch, routed_experts_reference, routed_experts_decode_reference, False, choices,
-                       *_nvfp4_references(cfg))
-
-    fi_ok = a.head_dim in FLASHINFER_HEAD_DIMS and dtype in (torch.bfloat16, torch.float16)
-    if attention in ("auto", "flashinfer") and fi_ok and flashinfer_available():
+    if choices["attention"][0] == "flashinfer":
         attn = FlashInferAttention(a.num_heads, a.num_kv_heads, a.head_dim, dtype, device, max_len)
-        choices["attention"] = ("flashinfer", "GPU: FlashInfer paged prefill and CUDA-graph decode")
     else:
         attn = SdpaAttention(a.num_heads, a.num_kv_heads, a.head_dim)
-        why = ("forced by the attention option" if attention == "sdpa" else
-               f"FlashInfer has no kernels for head_dim {a.head_dim} in {dtype}" if not fi_ok else
-               "FlashInfer is not installed")
-        choices["attention"] = ("sdpa", f"torch SDPA: {why} (no CUDA graphs with this backend)")
+    if choices["gdn"][0] == "fla":
+        from ..kernels.gdn_fla import gdn_core_fla
 
-    from ..kernels.gdn_fla import fla_available, gdn_core_fla
-
-    lin = cfg.linear
-    fla_ok = lin.key_head_dim in FLA_HEAD_DIMS and lin.value_head_dim in FLA_HEAD_DIMS
-    if fla_ok and fla_available():
-        gdn, choices["gdn"] = gdn_core_fla, ("fla", "fla-core chunked rule (prefill) and fused recurrent (decode)")
+        gdn = gdn_core_fla
     else:
-        why = "fla-core is not installed" if fla_ok else f"fla does not take head dims {lin.key_head_dim}/{lin.value_head_dim}"
-        gdn, choices["gdn"] = gdn_core_torch, ("torch", f"{why}: torch reference rule")
-
-    if _triton_available():
+        gdn = gdn_core_torch
+    if choices["moe"][0] == "triton":
         from ..kernels.moe_triton import moe_decode, moe_grouped
         from ..kernels.nvfp4_grouped import nvfp4_moe_grouped
         from ..kernels.nvfp4_triton import nvfp4_moe_decode
@@ -82,18 +83,12 @@ def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, m
         prefill, decode = moe_grouped, moe_decode
         h, i = cfg.hidden_size, cfg.moe.intermediate_size
         nvfp4 = (partial(nvfp4_moe_grouped, hidden=h, inter=i), partial(nvfp4_moe_decode, hidden=h, inter=i))
-        choices["moe"] = ("triton", "Triton grouped GEMM (prefill) and a k-expert GEMV (decode); NVFP4 experts "
-                                    "dequantized on the fly (W4A16)")
     else:
         prefill, decode = routed_experts_reference, routed_experts_decode_reference
         nvfp4 = _nvfp4_references(cfg)
-        choices["moe"] = ("torch", "Triton is not available: per-expert loop (syncs; no CUDA graphs)")
     graph_safe = attn.graph_safe and decode is not routed_experts_decode_reference
-    fused = fused_decode and decode is not routed_experts_decode_reference
-    choices["decode"] = (("fused", "fused Triton batch-1 decode kernels") if fused else
-                         ("reference", "the unfused decode path" + ("" if not fused_decode else
-                                                                    " (Triton is not available)")))
-    return Kernels(attn, gdn, prefill, decode, graph_safe, choices, *nvfp4, fused_decode=fused)
+    fused = choices["decode"][0] == "fused" and decode is not routed_experts_decode_reference
+    return Kernels(attn, gdn, prefill, decode, graph_safe, dict(choices), *nvfp4, fused_decode=fused)
 
 
 def _nvfp4_references(cfg: ModelConfig) -> tuple[Callable, Callable]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ModelConfig
-from ..plan import BORROW_STREAM_MIN_LAYERS
+from ..memory import BORROW_STREAM_MIN_LAYERS
 from ..quant.nvfp4_rows import NVFP4_ROWS
 from .bank import HostExpertBank, split_rows
 from .overlap import dedicated_stream

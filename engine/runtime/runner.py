@@ -11,6 +11,7 @@ import threading
 
 import torch
 
+from ..engine_config import EngineConfig
 from ..errors import GenerationCancelled
 from ..model.cache import SequenceState
 from ..model.qwen3_5_moe import Qwen35MoeModel
@@ -19,18 +20,22 @@ from .layer_major import layer_major_prefill
 
 
 class Runner:
-    def __init__(self, model: Qwen35MoeModel, prefill_chunk: int, max_context: int, cuda_graphs: bool,
-                 prefill_mode: str = "chunked", prefill_window: int | None = None, slot_prefill_tokens: int = 0):
+    def __init__(self, model: Qwen35MoeModel, config: EngineConfig):
+        """config: the engine's resolved EngineConfig; the runner follows it (prefill mode, chunk, window,
+        slot prefill, CUDA graphs, context) and decides nothing."""
         self.model = model
-        self.prefill_chunk = prefill_chunk
-        self.max_context = max_context
-        # "layer-major" pays when each layer's bank must cross PCIe: offloaded experts ("auto" decides so).
-        self.layer_major = prefill_mode == "layer-major" or (prefill_mode == "auto" and model.cache is not None)
-        self.prefill_window = prefill_window
-        self.slot_prefill_tokens = slot_prefill_tokens if model.cache is not None else 0
+        self.prefill_chunk = config.prefill_chunk
+        self.max_context = config.max_context
+        self.layer_major = config.layer_major
+        self.prefill_window = config.prefill_window
+        self.slot_prefill_tokens = config.slot_prefill_tokens
+        if config.offloaded != (model.cache is not None):
+            raise ValueError("the config and the model disagree on whether the experts are offloaded")
         self.counters = {"prefills_chunked": 0, "prefills_layer_major": 0, "layer_major_windows": 0,
                          "prefills_through_slots": 0}
-        self.use_graph = cuda_graphs and model.device.type == "cuda" and model.kernels.graph_safe
+        self.use_graph = config.cuda_graphs
+        if self.use_graph and not (model.device.type == "cuda" and model.kernels.graph_safe):
+            raise ValueError("the config asks for CUDA graphs but the model's kernels cannot be captured")
         self._state: SequenceState | None = None
         self._graph: DecodeGraph | None = None
         self.epoch = 0  # counts new_state() calls: a Session sharing the graph's state knows when it was reused

@@ -1,0 +1,256 @@
+"""resolve -> EngineConfig: one decision per option, with its reason, and the built objects do what it says.
+
+The matrix: options x hardware profiles (faked) x devices. On the CPU the whole engine is built (tiny model)
+and its objects are compared with the config; for the fake GPUs the constructors that run without CUDA
+(select_kernels without FlashInfer, the slot cache on host tensors, the runner over a stand-in model) are
+built from the config and compared.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import fields
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from qwenlocal.engine import Engine
+from qwenlocal.engine.config import load_model_config
+from qwenlocal.engine.engine_config import DECISIONS, OPTION_DECISIONS, EngineConfig, Software
+from qwenlocal.engine.errors import OptionError, QwenlocalError
+from qwenlocal.engine.memory import ModelInfo, nvfp4_row_bytes
+from qwenlocal.engine.options import EngineOptions
+from qwenlocal.engine.probe import fake
+from qwenlocal.engine.resolve import resolve
+from qwenlocal.engine.synthetic import synthetic_config
+
+TINY = ModelInfo.from_config(synthetic_config("synthetic:tiny", 512), "tiny")  # 4 layers x 16 experts, top-4
+SMALL = ModelInfo.from_config(synthetic_config("synthetic:small", 512), "small")  # head_dim 64, 4 x 32 experts
+BIG = ModelInfo.from_config(synthetic_config("synthetic:qwen3.6-35b-a3b", 0), "35B")
+BIG_NVFP4 = ModelInfo.from_config(synthetic_config("synthetic:qwen3.6-35b-a3b", 0), "35B-nvfp4", expert_format="nvfp4",
+                                  quantized_linears=True, stored_dense_bytes=2_705_517_300)
+ALL = Software(triton=True, flashinfer=True, fla=True)
+NO_FI = Software(triton=True, flashinfer=False, fla=False)
+NONE = Software(triton=False, flashinfer=False, fla=False)
+# A non-default value of every option, valid on the CPU with the tiny model.
+OTHER_VALUES = {"prefill_chunk": 512, "prefill_mode": "chunked", "overlap": "off", "cuda_graphs": False,
+                "routing": "uniform", "max_context": 1024, "vram_budget": "16GiB", "expert_slots": 8,
+                "prefill_window": 16, "expert_format": "dense", "linear_format": "dequantized",
+                "slot_prefill_tokens": 0, "fp8_prefill": "scaled-mm", "decode_kernels": "reference"}
+OPTIONS = [{}, {"expert_slots": 8}, {"expert_slots": 60}, {"expert_slots": 8, "prefill_mode": "chunked"},
+           {"prefill_mode": "layer-major"}, {"expert_slots": 12, "overlap": "copy-side", "slot_prefill_tokens": 0},
+           {"cuda_graphs": False, "decode_kernels": "reference"}, {"vram_budget": "16GiB"}]
+GPU_PROFILES = {"wsl2-16g": fake.wsl2_rtx5070ti(), "linux-5080": fake.linux_pcie5_x16(), "laptop-8g": fake.laptop_pcie4_x8(),
+                "h200": fake.h200(), "h200-one-copy-engine": fake.h200(copy_engines=1)}
+
+
+def check_reasons(config: EngineConfig) -> None:
+    assert set(config.reasons) == set(DECISIONS), set(DECISIONS) ^ set(config.reasons)
+    for name in DECISIONS:
+        reason = config.reason(name)
+        assert reason and "\n" not in reason, (name, reason)
+        assert ("overridden by user" in reason) == (name in config.overridden), (name, reason)
+    assert list(config.render()) == list(DECISIONS)
+
+
+def test_every_option_is_a_decision_with_its_reason():
+    assert set(OPTION_DECISIONS) == {f.name for f in fields(EngineOptions)}
+    assert set(OPTION_DECISIONS.values()) <= set(DECISIONS)
+    assert set(OTHER_VALUES) == set(OPTION_DECISIONS)
+    base = resolve({}, TINY, None, "cpu", NONE)
+    check_reasons(base)
+    assert not base.overridden
+    for option, value in OTHER_VALUES.items():
+        config = resolve({option: value}, TINY, None, "cpu", NONE)
+        check_reasons(config)
+        assert OPTION_DECISIONS[option] in config.overridden, (option, config.overridden)
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=[str(o) for o in OPTIONS])
+def test_matrix_same_keys_and_consistent_decisions(options):
+    cases = [(options, resolve(options, TINY, None, "cpu", NONE)),
+             (options, resolve(options, TINY, fake.fake_cpu_profile(), "cpu", ALL))]
+    for model in (TINY, BIG, BIG_NVFP4):
+        opts = dict(options)
+        if model is not TINY and "expert_slots" in opts:
+            opts["expert_slots"] *= 150  # a real slot count for 10,240 experts
+        for profile in GPU_PROFILES.values():
+            for sw in (ALL, NO_FI, NONE):
+                try:
+                    cases.append((opts, resolve(opts, model, profile, "cuda", sw)))
+                except QwenlocalError as exc:  # a too-small GPU: a ResourceError naming the numbers
+                    assert "too small" in str(exc), exc
+    assert len(cases) > 20
+    for opts, config in cases:
+        check_reasons(config)
+        assert list(config.to_dict()["reasons"]) == list(config.reasons)
+        offloaded = config.slots is not None
+        assert (config.bank == "resident") == (not offloaded) and (config.stream_buffers == "none") == (not offloaded)
+        if not offloaded or config.device == "cpu":
+            assert config.overlap == "off"
+        assert config.layer_major == (opts.get("prefill_mode") == "layer-major" or
+                                      opts.get("prefill_mode", "auto") == "auto" and offloaded)
+        assert config.layer_major_min_tokens == (config.prefill_chunk + 1 if config.layer_major else None)
+        assert config.slot_prefill_tokens == (opts.get("slot_prefill_tokens", 64) if offloaded else 0)
+        assert config.cuda_graphs == (config.device == "cuda" and opts.get("cuda_graphs", True)
+                                      and config.attention == "flashinfer" and config.moe == "triton")
+        if config.device == "cuda":
+            assert config.vram.fixed + config.vram.slots <= config.vram.budget or "expert_slots" in opts
+        if "expert_slots" in opts:
+            assert config.slots == opts["expert_slots"]
+
+
+def test_the_two_old_disagreements_are_what_runs():
+    """The CPU with expert_slots=8 (offloaded, layer-major), and a GPU with room for every expert and
+    expert_slots=N (offloaded, so the overlap rule and layer-major apply): the config says what the engine does."""
+    cpu = resolve({"expert_slots": 8}, TINY, None, "cpu", NONE)
+    assert (cpu.slots, cpu.bank, cpu.bank_pinned, cpu.prefill_mode, cpu.overlap) == (8, "host", False, "layer-major", "off")
+    assert cpu.render()["slots"]["value"] == 8
+    gpu = resolve({"expert_slots": 2000}, BIG_NVFP4, fake.h200(), "cuda", ALL)
+    assert gpu.slots == 2000 and gpu.bank == "pin-all" and gpu.bank_pinned and gpu.layer_major
+    assert gpu.overlap == "copy-side" and "3 copy engines" in gpu.reason("overlap")
+    assert gpu.stream_buffers == "borrowed" and gpu.vram.slots == 2000 * nvfp4_row_bytes(2048, 512)
+    few = resolve({"expert_slots": 300}, BIG, fake.h200(), "cuda", ALL)
+    assert few.stream_buffers == "dedicated" and few.vram.stream == 2 * 256 * 3 * 2048 * 512 * 2
+
+
+@pytest.mark.parametrize("profile", list(GPU_PROFILES), ids=list(GPU_PROFILES))
+@pytest.mark.parametrize("options", [{}, {"expert_slots": 12}, {"expert_slots": 60, "prefill_mode": "chunked"},
+                                     {"overlap": "shared-side", "expert_slots": 8}], ids=str)
+def test_fake_gpu_constructors_follow_the_config(profile, options, monkeypatch):
+    """What can be built without CUDA: the kernels (no FlashInfer), the slot cache (host tensors), the runner
+    (over a stand-in model), the overlap (stand-in streams) -- each does what the config says."""
+    from qwenlocal.engine import choices
+    from qwenlocal.engine.model.kernels import select_kernels
+    from qwenlocal.engine.offload.bank import HostExpertBank
+    from qwenlocal.engine.offload.cache import ExpertSlotCache
+    from qwenlocal.engine.runtime.runner import Runner
+
+    monkeypatch.setattr(choices, "CudaStreams", lambda device: ("streams", device))
+    cfg = synthetic_config("synthetic:tiny", 512)
+    config = resolve(options, TINY, GPU_PROFILES[profile], "cuda", NO_FI)
+    cuda = torch.device("cuda")
+    kernels = select_kernels(cfg, cuda, torch.bfloat16, config.max_context, config=config)
+    assert {p: n for p, (n, _) in kernels.choices.items()} == {p: getattr(config, p) for p in ("attention", "gdn", "moe", "decode")}
+    assert kernels.fused_decode == (config.decode == "fused") and kernels.graph_safe == config.cuda_graphs is False
+    cache = None
+    if config.offloaded:
+        cache = ExpertSlotCache(cfg, HostExpertBank(cfg, torch.float32, pin=False), config.slots, torch.device("cpu"),
+                                fused_ensure=False)
+        assert cache.num_slots == config.slots and cache.borrows_stream == (config.stream_buffers == "borrowed")
+    runner = Runner(SimpleNamespace(cache=cache, device=cuda, kernels=kernels), config)
+    assert runner.layer_major == config.layer_major and runner.use_graph == config.cuda_graphs
+    assert runner.slot_prefill_tokens == config.slot_prefill_tokens and runner.max_context == config.max_context
+    assert choices.build_overlap(config, cuda).split == config.overlap
+    with pytest.raises(ValueError, match="disagree"):  # a model built against another config is refused
+        Runner(SimpleNamespace(cache=None if cache is not None else object(), device=cuda, kernels=kernels), config)
+    graphs = resolve(options, SMALL, GPU_PROFILES[profile], "cuda", ALL)  # head_dim 64: FlashInfer takes it
+    assert graphs.cuda_graphs and Runner(SimpleNamespace(cache=cache, device=cuda, kernels=SimpleNamespace(graph_safe=True)),
+                                         graphs).use_graph
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        Runner(SimpleNamespace(cache=cache, device=cuda, kernels=kernels), graphs)
+
+
+CPU_ENGINES = [{}, {"expert_slots": 8}, {"expert_slots": 48, "prefill_mode": "chunked", "overlap": "copy-side"},
+               {"prefill_mode": "layer-major", "prefill_chunk": 16}, {"expert_slots": 5, "slot_prefill_tokens": 0}]
+
+
+@pytest.mark.parametrize("options", CPU_ENGINES, ids=str)
+def test_cpu_engine_objects_are_what_the_config_says(tiny_ckpt, options):
+    eng = Engine.from_pretrained(tiny_ckpt, device="cpu", options=options)
+    config, model, runner = eng.engine_config, eng.model, eng.runner
+    check_reasons(config)
+    assert list(eng.plan) == list(DECISIONS)
+    assert config == resolve(options, ModelInfo.from_config(load_model_config(tiny_ckpt), tiny_ckpt.name), None, "cpu",
+                             Software(triton=True), device_asked=True)
+    assert (model.cache is None) == (config.slots is None)
+    if model.cache is not None:
+        assert model.cache.num_slots == config.slots and not model.cache.bank.pinned
+        assert model.cache.borrows_stream == (config.stream_buffers == "borrowed")
+    assert runner.layer_major == config.layer_major and runner.use_graph == config.cuda_graphs is False
+    assert runner.prefill_chunk == config.prefill_chunk and runner.slot_prefill_tokens == config.slot_prefill_tokens
+    assert all(layer.moe.overlap.split == config.overlap == "off" for layer in model.layers)
+    assert {p: n for p, (n, _) in model.kernels.choices.items()} == {"attention": "sdpa", "gdn": "torch", "moe": "torch",
+                                                                     "decode": "reference"}
+    assert eng.max_context == config.max_context and str(model.dtype) == "torch." + config.dtype
+    assert model.layers[0].moe.experts.fmt == ("nvfp4" if config.experts == "nvfp4" else "dense")
+    assert eng.plan["device"]["by"] == "user" and eng.plan["slots"]["by"] == ("user" if "expert_slots" in options else "auto")
+
+
+def test_bad_combinations_fail_in_resolve_naming_the_option(tiny_ckpt, monkeypatch):
+    cases = [({"expert_format": "nvfp4"}, "expert_format"), ({"expert_slots": 2}, "expert_slots"),
+             ({"expert_slots": 65}, "expert_slots"), ({"decode_kernels": "fused"}, "decode_kernels"),
+             ({"max_context": 10**6}, "max_context")]
+    for options, name in cases:
+        with pytest.raises(OptionError, match=name):
+            resolve(options, TINY, None, "cpu", NONE)
+    with pytest.raises(OptionError, match="fp8_prefill"):
+        resolve({"fp8_prefill": "scaled-mm"}, BIG_NVFP4, fake.fake_gpu_profile(cc="8.6"), "cuda",
+                Software(triton=True, fp8_tensor_cores=False))
+    with pytest.raises(OptionError, match="dtype"):
+        resolve({}, TINY, None, "cpu", NONE, dtype="int8")
+    with pytest.raises(OptionError, match="unknown engine option"):
+        resolve({"expert_slot": 8}, TINY, None, "cpu", NONE)
+    # The engine refuses them before reading a weight.
+    from qwenlocal.engine import api
+
+    def no_loading(*a, **k):
+        raise AssertionError("weights were read before the options were checked")
+
+    monkeypatch.setattr(api, "load_weights", no_loading)
+    for options, name in cases:
+        with pytest.raises(OptionError, match=name):
+            Engine.from_pretrained(tiny_ckpt, device="cpu", options=options)
+
+
+def test_resolve_is_pure_and_torch_free():
+    a = resolve({"vram_budget": "16GiB"}, BIG_NVFP4, fake.wsl2_rtx5070ti(), "cuda", ALL)
+    assert a == resolve({"vram_budget": "16GiB"}, BIG_NVFP4, fake.wsl2_rtx5070ti(), "cuda", ALL)
+    assert a.experts == "nvfp4" and a.linears == "native" and a.vram.dense == 2_705_517_300
+    code = ("import sys; import qwenlocal.engine.resolve, qwenlocal.engine.memory, qwenlocal.app.fit; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_nvfp4_row_bytes_is_the_banks_row():
+    from qwenlocal.engine.quant.nvfp4_rows import nvfp4_expert_row_bytes
+
+    for h, i in ((2048, 512), (64, 32), (48, 80)):
+        assert nvfp4_row_bytes(h, i) == nvfp4_expert_row_bytes(h, i)
+
+
+def test_probe_and_fit_agree_on_the_gpu_and_the_cpu():
+    """`probe` (resolve over the registry's ModelInfo) and the download fit check (ModelFacts) on the same
+    machines: the same verdict."""
+    from qwenlocal.app.fit import check_fit
+    from qwenlocal.engine.registry import QWEN36_35B_A3B_NVFP4_INFO, find_known
+
+    known = find_known("qwen3.6-35b-a3b-nvfp4")
+    machines = [("cpu", fake.fake_cpu_profile(ram_total=24.0, ram_available=22.0)),
+                ("cpu", fake.fake_cpu_profile(ram_total=256.0, ram_available=250.0)),
+                ("cuda", fake.wsl2_rtx5070ti()), ("cuda", fake.fake_gpu_profile(vram_total=4.0, vram_free=3.8)),
+                ("cuda", fake.h200()), ("cuda", fake.wsl2_rtx5070ti(ram_total=16.0, ram_available=14.0))]
+    for device, profile in machines:
+        fit = check_fit(known.facts, profile, device=device, params=known.params)
+        try:
+            resolve({}, QWEN36_35B_A3B_NVFP4_INFO, profile, device, ALL)
+            planned = True
+        except QwenlocalError:
+            planned = False
+        assert fit.ok == planned, (device, fit.message())
+
+
+def test_complete_goes_through_the_engine_lock(tiny_engine):
+    events = list(tiny_engine.complete("hello", {"max_tokens": 3, "temperature": 0}))
+    assert type(events[-1]).__name__ == "TurnDone" and events[-1].completion_tokens <= 3
+    chat = tiny_engine.chat([{"role": "user", "content": "hi"}], {"max_tokens": 50})
+    next(chat)  # generating: the engine's lock is held
+    try:
+        with pytest.raises(QwenlocalError, match="busy"):
+            next(iter(tiny_engine.complete([1, 2, 3], {"max_tokens": 2})))
+    finally:
+        chat.close()
+    with pytest.raises(OptionError, match="token ids"):
+        tiny_engine.complete([10**6])
