@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Compile gemv_multi_kernel for sm_90 WITHOUT a GPU (Triton's bundled ptxas) and print, per decode shape and
+choose_config's config: registers, spill stack, shared memory, SASS instructions, 16 B loads, layout conversions.
+A check that the kernel compiles for the H200 and how much work a thread does, not a timing.
+
+    python scripts/sass_gemv_multi.py [--dump DIR]      # DIR: ttgir / ptx / sass per shape
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+
+os.environ.pop("TRITON_INTERPRET", None)  # noqa: E402 (compile for the GPU, not the interpreter)
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from bench_gemv_multi import GROUPS  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
+from qwenlocal.engine.kernels import gemv_multi as gm  # noqa: E402
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+WORD = {"dense": "*bf16", "fp8": "*i32", "nvfp4": "*i64"}
+SCALE = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*u8"}
+GLOBAL = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*fp32"}
+
+
+def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig):
+    fn = gm.gemv_multi_kernel
+    sig = {}
+    for name in fn.arg_names:
+        kind = name.rstrip("0123456789")
+        sig[name] = {"x_ptr": "*bf16", "out_ptr": "*i16", "w": WORD[fmt], "s": SCALE[fmt], "g": GLOBAL[fmt],
+                     "n": "i32", "p": "i32"}.get(kind if kind in "wsgnp" else name, "constexpr")
+    consts = dict(K=k, FMT=gm._FMT_ID[fmt], PARTS=parts, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  CHUNK=gm.chunk_words(fmt, cfg), OUT_BF16=True)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dump", help="write ttgir / ptx / sass per shape here")
+    args = ap.parse_args()
+    print(f"{'group':20} {'config':58} {'regs':>4} {'stack':>5} {'smem':>5} {'instrs':>6} {'LDG.128':>7} "
+          f"{'cvt':>3} {'instr/code':>10}")
+    for name, fmt, shapes, _ in GROUPS:
+        k, n_total = shapes[0][1], sum(n for n, _ in shapes)
+        cfg = gm.choose_config(fmt, n_total, k)
+        kernel = compile_sm90(fmt, len(shapes), k, cfg)
+        stem = re.sub(r"\W+", "_", name)
+        path = os.path.join(args.dump or "/tmp", f"gemv_multi_{stem}")
+        with open(path + ".cubin", "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", path + ".cubin"], capture_output=True,
+                              text=True).stdout
+        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", path + ".cubin"], capture_output=True,
+                             text=True).stdout
+        if args.dump:
+            for ext in ("ttgir", "ptx"):
+                with open(f"{path}.{ext}", "w") as f:
+                    f.write(kernel.asm[ext])
+            with open(path + ".sass", "w") as f:
+                f.write(sass)
+        instrs = len(re.findall(r"^\s+/\*[0-9a-f]{4}\*/", sass, flags=re.M))
+        codes = cfg.block_n * k // (32 * cfg.num_warps)  # weight elements a thread decodes
+        regs, stack = (re.search(rf"{key}:(\d+)", res).group(1) for key in ("REG", "STACK"))
+        print(f"{name:20} {str(config_dict(cfg)):58} {regs:>4} {stack:>5} {kernel.metadata.shared:5} {instrs:6} "
+              f"{sass.count('LDG.E.128'):7} {kernel.asm['ttgir'].count('convert_layout'):3} {instrs / codes:10.2f}")
+
+
+def config_dict(cfg) -> dict:
+    return dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""gemv_multi (several linears of one input in one launch) against its torch reference (dequantize with
+quant.formats, F.linear in fp32, cat): awkward K and part sizes for dense / FP8 / NVFP4, bf16 and fp32 x, NaN-
+poisoned outputs; every E4M3 / E2M1 code and E4M3 block scale (subnormals included) byte-exactly; splitting a
+call into single-weight calls changes no byte; the launch config is a pure function of the shape."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from qwenlocal.engine.kernels import gemv_multi as gm  # noqa: E402
+from qwenlocal.engine.kernels.gemv_multi import (  # noqa: E402
+    choose_config, gemv, gemv_multi, gemv_multi_reference)
+from qwenlocal.engine.quant.formats import quantize_fp8, quantize_nvfp4  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FORMATS = ("dense", "fp8", "nvfp4")
+
+
+def make_part(fmt: str, n: int, k: int, gen: torch.Generator, dense_dtype=torch.bfloat16):
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    w[0, :16] *= 1e-5  # tiny values: E4M3 subnormal codes (FP8) and subnormal block scales (NVFP4)
+    if fmt == "dense":
+        return w.to(dense_dtype).to(DEVICE)
+    if fmt == "fp8":
+        q, s = quantize_fp8(w)
+        return {"weight": q.to(DEVICE), "weight_scale": s.to(DEVICE)}
+    p, s, s2 = quantize_nvfp4(w)
+    return {"weight": p.to(DEVICE), "weight_scale": s.to(DEVICE), "weight_scale_2": s2.to(DEVICE)}
+
+
+def abs_bound(x: torch.Tensor, parts) -> torch.Tensor:
+    """|W| @ |x| per output row: the scale of an fp32 summation-order difference."""
+    xf = x.reshape(1, -1).float().abs().cpu()
+    return torch.cat([xf @ gm.dequantize_part(p).abs().cpu().t() for p in parts], dim=-1)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("ns", [(37, 5, 5), (1,), (64, 64, 3, 3)])
+@pytest.mark.parametrize("k", [48, 160, 2048 + 32])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gemv_multi_matches_reference(fmt, k, ns, x_dtype, nan_empty):
+    gen = torch.Generator().manual_seed(k * 100 + sum(ns))
+    parts = [make_part(fmt, n, k, gen) for n in ns]
+    x = (torch.randn(k, generator=gen) * 3).to(x_dtype).to(DEVICE)
+    if fmt == "fp8":
+        assert ((parts[0]["weight"].view(torch.uint8) & 0x78) == 0).any()  # E4M3 subnormal weight codes
+    if fmt == "nvfp4":
+        assert ((parts[0]["weight_scale"].view(torch.uint8) & 0x78) == 0).any()  # subnormal block scales
+    # 16 rows a program: the interpreter's time goes by programs (the default for these small N is 1 row a
+    # program, which the (1,) case and the other tests run)
+    cfg = {} if ns == (1,) else dict(block_n=16, num_warps=4)
+    y32 = gemv_multi(x, parts, out_dtype=torch.float32, **cfg)
+    ref = gemv_multi_reference(x, parts, torch.float32)
+    assert y32.shape == (1, sum(ns)) and y32.dtype == torch.float32
+    assert torch.isfinite(y32).all()
+    assert ((y32.cpu() - ref.cpu()).abs() <= 1e-5 * abs_bound(x, parts) + 1e-30).all()
+    y = gemv_multi(x.reshape(1, k), parts, **cfg)  # default: stored once as x's dtype
+    assert y.dtype == x_dtype and y.shape == (1, sum(ns))
+    # one rounding of (nearly) the same fp32 value: at most one ulp of the output dtype from the reference's
+    ulp = 2.0 ** -7 if x_dtype == torch.bfloat16 else 2.0 ** -22
+    assert ((y.float().cpu() - ref.cpu()).abs() <= ulp * ref.cpu().abs() + 1e-5 * abs_bound(x, parts)).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("config", [dict(block_k=64), dict(block_k=16, block_n=4), dict(warps_k=2, num_warps=2),
+                                    dict(block_n=32, num_warps=4)])
+def test_gemv_multi_any_config_matches_reference(fmt, config, nan_empty):
+    """K split over blocks (160 = 2.5 blocks of 64: the masked tail), tiny blocks, 2 warps across a row."""
+    gen = torch.Generator().manual_seed(7)
+    parts = [make_part(fmt, n, 160, gen) for n in (37, 5)]
+    x = torch.randn(160, generator=gen).to(torch.bfloat16).to(DEVICE)
+    y = gemv_multi(x, parts, out_dtype=torch.float32, **config)
+    ref = gemv_multi_reference(x, parts, torch.float32)
+    assert torch.isfinite(y).all()
+    assert ((y.cpu() - ref.cpu()).abs() <= 1e-5 * abs_bound(x, parts) + 1e-30).all()
+
+
+def one_code_per_row(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row r's one nonzero column r * 7 % k, x: powers of two so every product is exact)."""
+    cols = torch.arange(n) * 7 % k
+    x = 2.0 ** (torch.arange(k) % 7 - 3.0)
+    return cols, x
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_fp8_every_code_is_exact(out_dtype, nan_empty):
+    """Each row holds one E4M3 code (all 254 non-NaN codes: both signs, subnormals) in a zero row: the output is
+    the dequantized weight times an x power of two, byte-equal to the reference."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 127) != 127]
+    n, k = codes.numel(), 96
+    cols, x = one_code_per_row(n, k)
+    w = torch.zeros(n, k, dtype=torch.uint8)
+    w[torch.arange(n), cols] = codes
+    part = {"weight": w.view(torch.float8_e4m3fn).to(DEVICE), "weight_scale": torch.tensor(0.0123).to(DEVICE)}
+    xd = x.to(DEVICE)
+    y = gemv_multi(xd, [part, part], out_dtype=out_dtype, block_n=32, num_warps=4)
+    assert torch.equal(y.cpu(), gemv_multi_reference(xd, [part, part], out_dtype).cpu())
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_nvfp4_every_code_and_block_scale_is_exact(out_dtype, nan_empty):
+    """Every E2M1 code at every nibble position of a 16-code group, under every non-NaN E4M3 block scale."""
+    n, k = 16 * 16 * 2, 64
+    r = torch.arange(n)
+    codes = (r % 16).to(torch.uint8)
+    pos = (r // 16) % 16  # position within the group: both nibbles of both int32 halves of the word
+    cols = (r * 5 // 16) % 4 * 16 + pos  # groups 0..3
+    bits = torch.arange(256, dtype=torch.uint8)
+    bits = bits[(bits & 127) != 127]
+    dense_codes = torch.zeros(n, k, dtype=torch.uint8)
+    dense_codes[r, cols] = codes
+    packed = dense_codes[:, 0::2] | (dense_codes[:, 1::2] << 4)
+    scale = bits[(torch.arange(n * (k // 16)) * 37) % bits.numel()].reshape(n, k // 16)
+    part = {"weight": packed.to(DEVICE), "weight_scale": scale.view(torch.float8_e4m3fn).to(DEVICE),
+            "weight_scale_2": torch.tensor(0.37).to(DEVICE)}
+    x = (2.0 ** (torch.arange(k) % 5 - 2.0)).to(DEVICE)
+    used = set(scale[r, cols // 16].tolist())
+    assert len(used) > 200 and any(b & 0x78 == 0 for b in used)  # nearly all scales, subnormals among them
+    y = gemv_multi(x, [part], out_dtype=out_dtype, block_n=32, num_warps=4)
+    assert torch.equal(y.cpu(), gemv_multi_reference(x, [part], out_dtype).cpu())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_splitting_a_call_changes_no_byte(fmt, nan_empty):
+    """gemv_multi over [A, B] is torch.cat of gemv(A), gemv(B) under the same config, for both output dtypes."""
+    gen = torch.Generator().manual_seed(11)
+    a, b = make_part(fmt, 37, 160, gen), make_part(fmt, 21, 160, gen)
+    x = torch.randn(1, 160, generator=gen).to(torch.bfloat16).to(DEVICE)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        cfg = dict(block_n=8, num_warps=2)
+        both = gemv_multi(x, [a, b], out_dtype=out_dtype, **cfg)
+        assert torch.equal(both, torch.cat([gemv(x, a, out_dtype=out_dtype, **cfg),
+                                            gemv(x, b, out_dtype=out_dtype, **cfg)], dim=-1))
+        four = gemv_multi(x, [a, b, b, a], out_dtype=out_dtype, **cfg)
+        assert torch.equal(four, torch.cat([both, both[:, 37:], both[:, :37]], dim=-1))
+
+
+def test_out_and_quantlinear_parts():
+    from qwenlocal.engine.quant.linear import QuantLinear
+
+    gen = torch.Generator().manual_seed(3)
+    t = make_part("fp8", 9, 48, gen)
+    ql = QuantLinear("fp8", t, torch.bfloat16, use_kernels=False)
+    x = torch.randn(48, generator=gen).to(torch.bfloat16).to(DEVICE)
+    out = torch.full((1, 18), float("nan"), device=DEVICE)
+    y = gemv_multi(x, [ql, t], out=out)
+    assert y is out and torch.equal(out[:, :9], out[:, 9:])
+    assert torch.allclose(out[:, :9].cpu(), ql(x.reshape(1, 48)).float().cpu(), rtol=1e-2, atol=1e-2)
+
+
+def test_bad_calls_raise_clear_errors():
+    gen = torch.Generator().manual_seed(5)
+    fp8, nv, dense = make_part("fp8", 4, 32, gen), make_part("nvfp4", 4, 32, gen), make_part("dense", 4, 32, gen)
+    x = torch.randn(32).to(DEVICE)
+    with pytest.raises(ValueError, match="one weight format"):
+        gemv_multi(x, [fp8, nv])
+    with pytest.raises(ValueError, match="same K"):
+        gemv_multi(x, [dense, make_part("dense", 4, 48, gen)])
+    with pytest.raises(ValueError, match="1 to 4"):
+        gemv_multi(x, [dense] * 5)
+    with pytest.raises(ValueError, match="1 to 4"):
+        gemv_multi(x, [])
+    with pytest.raises(ValueError, match="K = 32"):
+        gemv_multi(torch.randn(16).to(DEVICE), [dense])
+    with pytest.raises(ValueError, match="powers of 2"):
+        gemv_multi(x, [dense], block_n=3)
+    with pytest.raises(ValueError, match="one dtype"):
+        gemv_multi(x, [dense, dense.float()])
+    with pytest.raises(ValueError, match="out must be"):
+        gemv_multi(x, [dense], out=torch.empty(1, 5, device=DEVICE))
+    with pytest.raises(ValueError, match="no GEMV for format"):
+        choose_config("int4", 16, 32)
+
+
+# (format, rows of the parts, K): the decode step's calls at the real geometry (hidden 2048)
+REAL = [("fp8", (8192, 4096), 2048), ("fp8", (8192, 512, 512), 2048), ("fp8", (2048,), 4096),
+        ("dense", (256, 1), 2048), ("dense", (32, 32), 2048), ("nvfp4", (248320,), 2048),
+        ("nvfp4", (512, 512), 2048), ("nvfp4", (2048,), 512)]
+
+
+@pytest.mark.parametrize("fmt, ns, k", REAL)
+def test_choose_config_is_a_pure_function_that_fills_the_gpu(fmt, ns, k):
+    cfg = choose_config(fmt, sum(ns), k)
+    assert cfg == choose_config(fmt, sum(ns), k)
+    assert cfg.block_k == k  # the whole row per program (K <= 4096)
+    programs = sum(-(-n // cfg.block_n) for n in ns)
+    assert programs >= gm.TARGET_PROGRAMS or cfg.block_n == 1
+    assert cfg.block_n * gm.row_bytes(fmt, k) <= gm.MAX_TILE_BYTES
+    assert cfg.warps_k <= cfg.num_warps <= 8
+    assert k // (32 * cfg.warps_k) <= gm.X_PER_THREAD  # x values a thread holds
+    words = k // gm.CODES_PER_WORD.get(fmt, 1)
+    assert words % gm.chunk_words(fmt, cfg) == 0
+    if sum(ns) * gm.row_bytes(fmt, k) >= 16 * 2**20:  # the big ones: >= ~4 programs an SM
+        assert programs >= gm.TARGET_PROGRAMS
+
+
+def test_choose_config_loops_over_k_only_beyond_4096():
+    assert choose_config("fp8", 4096, 4096).block_k == 4096
+    assert choose_config("fp8", 4096, 8192).block_k == 4096
+    assert choose_config("nvfp4", 64, 48).block_k == 64
