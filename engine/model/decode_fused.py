@@ -121,8 +121,7 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor) -> torch.Tensor:
             act = expert_gate_up(h, slots, rows, cfg_h, cfg_i, extra=gate_up_extra)
             return expert_down(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra, extra_scale=shared_scale,
                                out_dtype=h.dtype)
-        shared = moe.overlap.run(copy, lambda: _shared_alone(h, gate_up_extra, down_extra, shared_scale,
-                                                             cfg_h, cfg_i), h)
+        shared = moe.overlap.run(copy, lambda: _shared_alone(moe, h, shared_scale), h)
         act = expert_gate_up(h, slots, rows, cfg_h, cfg_i)
         return expert_down(act, weights, slots, rows, cfg_h, cfg_i, addend=shared, out_dtype=h.dtype)
     # Dense experts (the BF16 checkpoint) or a dense shared expert: the fused router, then the unfused kernels.
@@ -131,13 +130,13 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor) -> torch.Tensor:
     return kernel(h, weights, slots, *expert_weights) + shared
 
 
-def _shared_alone(h, gate_up_extra, down_extra, scale, hidden: int, inter: int) -> torch.Tensor:
-    """The shared expert by itself (on its stream while the miss copy runs): the expert kernels with no routed
-    expert, so its bytes are those of the fused call."""
-    none = torch.empty(1, 0, dtype=torch.long, device=h.device)
-    act = expert_gate_up(h, none, None, hidden, inter, extra=gate_up_extra)
-    return expert_down(act, torch.empty(1, 0, dtype=h.dtype, device=h.device), none, None, hidden, inter,
-                       extra=down_extra, extra_scale=scale, out_dtype=torch.float32)
+def _shared_alone(moe: "SparseMoE", h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The shared expert by itself, fp32 [1, H] (on its stream while the miss copy runs, when the overlap is on):
+    gate+up in one GEMV, SwiGLU, down, times its sigmoid gate; added by the routed down kernel's epilogue."""
+    gate, up, down = moe.shared
+    g, u = gemv_multi(h, [gate.tensors, up.tensors], out_dtype=torch.float32).split(moe.inter, dim=-1)
+    act = torch.nn.functional.silu(g) * u
+    return gemv(act, down.tensors, out_dtype=torch.float32) * scale
 
 
 def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor, state: "SequenceState",

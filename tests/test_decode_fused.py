@@ -1,0 +1,61 @@
+"""The fused batch-1 decode step against the unfused one it replaces, on the CPU in Triton's interpreter: the
+same checkpoint (NVFP4 experts and FP8/NVFP4 linears kept in their bytes, as on a GPU), the same prefill, then
+decode steps through each path. fp32 on both sides: the fused kernels dequantize the same codes, so the logits
+agree to fp32 rounding, and the GDN/KV states carried across steps agree too."""
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from qwenlocal.engine import Engine  # noqa: E402
+from qwenlocal.engine.offload.overlap import DecodeOverlap  # noqa: E402
+from qwenlocal.engine.quant.convert import quantize_checkpoint  # noqa: E402
+from test_overlap import FakeStreams  # noqa: E402
+
+CHUNK = 16
+
+
+@pytest.fixture(scope="module")
+def quantized_ckpt(tiny_ckpt, tmp_path_factory):
+    return quantize_checkpoint(tiny_ckpt, tmp_path_factory.mktemp("fused-decode"))
+
+
+def _engine(ckpt, fused: bool, split: str = "off", **opts):
+    eng = Engine.from_pretrained(ckpt, device="cpu", options={"prefill_chunk": CHUNK, "expert_format": "nvfp4",
+                                                              "linear_format": "native", **opts})
+    if fused:  # the CPU refuses decode_kernels=fused (too slow for users); the test drives the kernels anyway
+        eng.model.kernels = dataclasses.replace(eng.model.kernels, fused_decode=True)
+    if split != "off":  # the shared expert apart from the routed kernels (its GPU path beside the miss copy)
+        overlap = DecodeOverlap(split, FakeStreams())
+        eng.model.overlap = overlap
+        for layer in eng.model.layers:
+            layer.moe.overlap = overlap
+    return eng
+
+
+def _check(ckpt, steps: int, split: str = "off", **opts):
+    ids = torch.randint(0, 600, (24 + steps,), generator=torch.Generator().manual_seed(3))
+    ref = _engine(ckpt, False, **opts).score(ids, prefill=24)
+    got = _engine(ckpt, True, split, **opts).score(ids, prefill=24)
+    assert torch.isfinite(got).all()
+    tail, ref_tail = got[24:], ref[24:]
+    err = (tail - ref_tail).abs().max() / ref_tail.abs().max()
+    assert err < 1e-4, f"fused decode differs from the unfused step by {err:.2e} (relative to the largest logit)"
+    assert torch.equal(got[:24], ref[:24])  # prefill is the same path on both
+    assert (tail.argmax(-1) == ref_tail.argmax(-1)).all()
+
+
+def test_fused_decode_matches_the_unfused_step_on_a_quantized_checkpoint(quantized_ckpt):
+    _check(quantized_ckpt, steps=3)
+
+
+def test_fused_decode_matches_with_offloaded_experts_and_the_shared_expert_apart(quantized_ckpt):
+    _check(quantized_ckpt, steps=2, split="copy-side", expert_slots=12)
+
+
+def test_fused_decode_matches_on_a_bf16_checkpoint(tiny_ckpt):
+    """Plain weights and dense experts: the fused norms, projections, router, GDN step and attention prologue
+    with the unfused expert kernels."""
+    _check(tiny_ckpt, steps=2, expert_format="auto", linear_format="auto")
