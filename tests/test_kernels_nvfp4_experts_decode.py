@@ -53,9 +53,10 @@ def _close(out, ref, rel=1e-5):
 
 
 SIZES = [(96, 48, 7, [2, 5, 2]), (160, 80, 6, [5, 0, 3, 3, 1])]  # (H, I, E, ids with repeats)
-# Masked row tiles, K in several steps, the exact decode (the interpreter is slow: few, wide programs; the
-# defaults run in the fused and byte-equality tests).
-CONFIGS = [dict(block_n=16), dict(block_n=32, block_g=4), dict(exact_decode=True, block_n=64, block_g=4)]
+# Masked row tiles, K in several steps, both scale paths, both activation loads, the exact decode (the
+# interpreter is slow: few, wide programs; the defaults run in the fused and byte-equality tests).
+CONFIGS = [dict(block_n=16), dict(block_n=32, block_g=4, x_split=False, group_scales=True),
+           dict(decode="exact", block_n=64, block_g=4)]
 
 
 @pytest.mark.parametrize("hidden, inter, experts, ids", SIZES)
@@ -84,14 +85,15 @@ def test_down_matches_reference(hidden, inter, experts, ids, with_extra, with_sc
               addend=addend if with_addend else None, out_dtype=out_dtype)
     ref = expert_down_reference(act, weights, ids_t, rows, hidden, inter, **kw)
     dev_kw = {k: (_dev(v)[0] if v is not None and not isinstance(v, torch.dtype) else v) for k, v in kw.items()}
-    for cfg in [dict(block_m=32, block_g=2), dict(block_m=64, exact_decode=True)]:
+    for cfg in [dict(block_m=32, block_g=2, x_split=True), dict(block_m=64, decode="exact", group_scales=False)]:
         out = expert_down(*_dev(act, weights, ids_t, rows), hidden, inter, **dev_kw, **cfg,
                           out=torch.empty(1, hidden, dtype=out_dtype, device=DEVICE))
         assert out.dtype == out_dtype and out.shape == (1, hidden)
         if out_dtype == torch.float32:
             _close(out, ref)
         else:  # one bf16 rounding of a (slightly differently summed) fp32 value: within 1 ulp
-            exact = expert_down_reference(act, weights, ids_t, rows, hidden, inter, **{**kw, "out_dtype": torch.float32})
+            exact = expert_down_reference(act, weights, ids_t, rows, hidden, inter,
+                                          **{**kw, "out_dtype": torch.float32})
             diff = (out.cpu().float() - exact[0]).abs()
             assert torch.isfinite(out.cpu().float()).all() and (diff <= exact[0].abs() * 2 ** -8 + 1e-30).all()
 
@@ -107,9 +109,11 @@ def test_every_code_and_scale_byte(nan_empty):
     ids = torch.tensor([[4, 1, 1, 0]])
     x = torch.randn(1, hidden, generator=gen)
     ref = expert_gate_up_reference(x, ids, rows, hidden, inter)
-    fast, exact = (expert_gate_up(*_dev(x, ids, rows), hidden, inter, exact_decode=e) for e in (False, True))
+    decodes = ("asm", "fp16", "exact") if DEVICE == "cuda" else ("fp16", "exact")  # no inline PTX on the CPU
+    fast, *others = (expert_gate_up(*_dev(x, ids, rows), hidden, inter, decode=d) for d in decodes)
     _close(fast, ref)
-    assert torch.equal(fast, exact)  # both decodes give the checkpoint's exact values
+    for other in others:  # every decode gives the checkpoint's exact values, so the same bytes
+        assert torch.equal(fast, other)
     weights = torch.rand(1, 4, generator=gen)
     _close(expert_down(*_dev(ref, weights, ids, rows), hidden, inter),
            expert_down_reference(ref, weights, ids, rows, hidden, inter))
@@ -131,6 +135,14 @@ def test_fused_matches_its_reference_and_the_model_path(dtype, nan_empty):
     g, u, d = (dequant_nvfp4(*t) for t in shared)
     model = model + scale * F.linear(F.silu(F.linear(xf, g)) * F.linear(xf, u), d)
     _close(out, model, 1e-5 if dtype == torch.float32 else 2 ** -7)
+    from qwenlocal.engine.kernels.nvfp4_experts_decode import nvfp4_triples
+    from qwenlocal.engine.quant.linear import QuantLinear
+    from qwenlocal.engine.quant.scheme import NVFP4
+
+    linears = [QuantLinear(NVFP4, dict(zip(("weight", "weight_scale", "weight_scale_2"), _dev(*t))), dtype, False)
+               for t in shared]
+    assert torch.equal(nvfp4_moe_decode_fused(*_dev(x, weights, ids, rows), hidden, inter, nvfp4_triples(*linears),
+                                              _dev(scale)[0]), out)
     routed_only = nvfp4_moe_decode_fused(*_dev(x, weights, ids, rows), hidden, inter)
     _close(routed_only, nvfp4_moe_decode_fused_reference(x, weights, ids, rows, hidden, inter),
            1e-5 if dtype == torch.float32 else 2 ** -7)
@@ -164,3 +176,36 @@ def test_rows_that_are_not_word_aligned_are_refused():
         expert_gate_up(torch.zeros(1, 96), torch.zeros(1, 2, dtype=torch.long), rows[:, :100], 96, 48)
     with pytest.raises(ValueError, match="4-byte"):
         expert_gate_up(torch.zeros(1, 96), torch.zeros(1, 2, dtype=torch.long), rows[:, 1:], 96, 48)
+
+
+@pytest.mark.gpu
+def test_gpu_real_shape_graph_replay_slots_and_no_sync():
+    """At the real shape on the GPU: no host sync, CUDA-graph replay byte-equal to eager, a slot cache with
+    another row stride (16-byte padded rows, permuted slots) byte-equal to the bank, close to the reference."""
+    h, i, e, k = 2048, 512, 16, 8
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bank = random_nvfp4_rows(e, h, i, "cuda", gen)
+    shared = tuple(quantize_nvfp4(torch.randn(*s, device="cuda", generator=gen) / s[1] ** 0.5)
+                   for s in ((i, h), (i, h), (h, i)))
+    x = torch.randn(1, h, device="cuda", generator=gen).to(torch.bfloat16)
+    ids = torch.randperm(e, device="cuda", generator=gen)[:k][None]
+    w = torch.softmax(torch.randn(1, k, device="cuda", generator=gen), -1).to(torch.bfloat16)
+    scale = torch.sigmoid(torch.randn(1, device="cuda", generator=gen))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = nvfp4_moe_decode_fused(x, w, ids, bank, h, i, shared, scale)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref = nvfp4_moe_decode_fused_reference(x, w, ids, bank, h, i, shared, scale)
+    _close(eager, ref, 2 ** -7)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = nvfp4_moe_decode_fused(x, w, ids, bank, h, i, shared, scale)
+    graph.replay()
+    assert torch.equal(replayed, eager)
+    perm = torch.randperm(e, device="cuda", generator=gen)  # slot s holds expert perm[s]
+    slots = torch.zeros(e, bank.shape[1] + 4, dtype=torch.uint8, device="cuda")
+    slots[:, :bank.shape[1]] = bank[perm]
+    slot_of = torch.argsort(perm)
+    assert torch.equal(nvfp4_moe_decode_fused(x, w, slot_of[ids], slots, h, i, shared, scale), eager)
