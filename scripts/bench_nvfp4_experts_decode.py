@@ -8,8 +8,8 @@ expert (random codes and block scales, engine/kernels/nvfp4_grouped.random_nvfp4
                    QuantLinear does it (three nvfp4_gemv, SiLU * up, casts), sigmoid(shared gate), mul, add
   new              sigmoid(shared gate) + nvfp4_moe_decode_fused (two launches) at the best configs found
   gate_up <cfg>    expert_gate_up alone (routed + shared gate/up) over a grid of launch configs (block_n x
-                   num_warps x x_split, then K steps), defaults first; exact_decode=True last
-  down <cfg>       expert_down alone (routed + shared down, extra_scale) likewise (block_m x num_warps x x_split)
+                   num_warps x x_split, then scales and K steps), defaults first; the other decodes last
+  down <cfg>       expert_down alone (routed + shared down, extra_scale) likewise (block_m x num_warps x x_split, ...)
 Each row: microseconds per call (CUDA: a CUDA graph of --inner calls, each on its own instance: other expert
 ids and another shared expert, so that the 50 MB L2 does not hold the weights between calls; median over
 --repeat replays), the weight bytes the call must read, GB/s and % of 4.8 TB/s, and the output's max error
@@ -130,11 +130,11 @@ def main() -> int:
     print(f"# {torch.cuda.get_device_name() if cuda else 'cpu (Triton interpreter)'}; hidden {h}, inter {i}, "
           f"{e} rows, top-{k} + shared, {dt} x; {inner} instances per graph, median of {repeat} "
           f"(setup {time.perf_counter() - t_start:.1f} s)")
-    print(f"{'what':<44} {'us':>9} {'MB':>7} {'GB/s':>8} {'% HBM':>6} {'max rel err':>11}")
+    print(f"{'what':<58} {'us':>9} {'MB':>7} {'GB/s':>8} {'% HBM':>6} {'max rel err':>11}")
     sys.stdout.flush()
 
     def row(what, sec, nbytes, err):
-        print(f"{what:<44} {sec * 1e6:>9.2f} {nbytes / 1e6:>7.2f} {nbytes / sec / 1e9:>8.1f} "
+        print(f"{what:<58} {sec * 1e6:>9.2f} {nbytes / 1e6:>7.2f} {nbytes / sec / 1e9:>8.1f} "
               f"{100 * nbytes / sec / HBM:>6.1f} {'-' if err is None else f'{err:.2e}':>11}", flush=True)
 
     def old(p):
@@ -171,16 +171,19 @@ def main() -> int:
 
     if cuda:
         gu_grid = [dict(block_n=bn, num_warps=nw, x_split=xs)
-                   for bn, nw, xs in itertools.product((8, 4, 16, 2), (4, 8, 2), (False, True))]
-        gu_grid += [dict(block_g=bg, x_split=xs) for bg, xs in itertools.product((64, 32), (False, True))]
+                   for bn, nw, xs in itertools.product((8, 4, 16, 2), (4, 8, 2), (True, False))]
+        gu_grid += [dict(group_scales=True, x_split=xs) for xs in (True, False)]
+        gu_grid += [dict(block_g=bg) for bg in (64, 32)]
         dn_grid = [dict(block_m=bm, num_warps=nw, x_split=xs)
-                   for bm, nw, xs in itertools.product((8, 4, 16, 32), (4, 2, 1, 8), (False, True))]
-        dn_grid += [dict(block_g=16, x_split=xs) for xs in (False, True)]
+                   for bm, nw, xs in itertools.product((8, 4, 16, 32), (2, 4, 1, 8), (False, True))]
+        dn_grid += [dict(group_scales=False, num_warps=nw, x_split=xs)
+                    for nw, xs in itertools.product((2, 4), (False, True))]
+        dn_grid += [dict(block_g=16)]
     else:
-        gu_grid = [dict(block_n=8), dict(block_n=16, block_g=2, x_split=True)]
-        dn_grid = [dict(block_m=8), dict(block_m=32, x_split=True)]
-    gu_grid.append(dict(exact_decode=True))
-    dn_grid.append(dict(exact_decode=True))
+        gu_grid = [dict(block_n=8), dict(block_n=16, block_g=2, x_split=False, group_scales=True)]
+        dn_grid = [dict(block_m=8), dict(block_m=32, x_split=True, group_scales=False)]
+    for grid in (gu_grid, dn_grid):  # the other decodes at the defaults ("asm" is the CUDA default)
+        grid += [dict(decode="fp16"), dict(decode="exact")] if cuda else [dict(decode="exact")]
     best = {}
     for name, fn, grid, nbytes, ref in (("gate_up", gate_up, gu_grid, gu_bytes, p0["act"]),
                                         ("down", down, dn_grid, dn_bytes, ref_out)):
@@ -189,7 +192,7 @@ def main() -> int:
                 print(f"# time budget: {len(grid) - n} {name} configs not tried", flush=True)
                 break
             sec = measure(f"{name} " + " ".join(f"{a}={b}" for a, b in cfg.items()), fn, nbytes, ref, **cfg)
-            if sec is not None and not cfg.get("exact_decode") and sec < best.get(name, (float("inf"),))[0]:
+            if sec is not None and "decode" not in cfg and sec < best.get(name, (float("inf"),))[0]:
                 best[name] = (sec, cfg)
     print()
     for name in ("gate_up", "down"):

@@ -53,9 +53,10 @@ def _close(out, ref, rel=1e-5):
 
 
 SIZES = [(96, 48, 7, [2, 5, 2]), (160, 80, 6, [5, 0, 3, 3, 1])]  # (H, I, E, ids with repeats)
-# Masked row tiles, K in several steps, the exact decode (the interpreter is slow: few, wide programs; the
-# defaults run in the fused and byte-equality tests).
-CONFIGS = [dict(block_n=16), dict(block_n=32, block_g=4, x_split=True), dict(decode="exact", block_n=64, block_g=4)]
+# Masked row tiles, K in several steps, both scale paths, both activation loads, the exact decode (the
+# interpreter is slow: few, wide programs; the defaults run in the fused and byte-equality tests).
+CONFIGS = [dict(block_n=16), dict(block_n=32, block_g=4, x_split=False, group_scales=True),
+           dict(decode="exact", block_n=64, block_g=4)]
 
 
 @pytest.mark.parametrize("hidden, inter, experts, ids", SIZES)
@@ -84,14 +85,15 @@ def test_down_matches_reference(hidden, inter, experts, ids, with_extra, with_sc
               addend=addend if with_addend else None, out_dtype=out_dtype)
     ref = expert_down_reference(act, weights, ids_t, rows, hidden, inter, **kw)
     dev_kw = {k: (_dev(v)[0] if v is not None and not isinstance(v, torch.dtype) else v) for k, v in kw.items()}
-    for cfg in [dict(block_m=32, block_g=2, x_split=True), dict(block_m=64, decode="exact")]:
+    for cfg in [dict(block_m=32, block_g=2, x_split=True), dict(block_m=64, decode="exact", group_scales=False)]:
         out = expert_down(*_dev(act, weights, ids_t, rows), hidden, inter, **dev_kw, **cfg,
                           out=torch.empty(1, hidden, dtype=out_dtype, device=DEVICE))
         assert out.dtype == out_dtype and out.shape == (1, hidden)
         if out_dtype == torch.float32:
             _close(out, ref)
         else:  # one bf16 rounding of a (slightly differently summed) fp32 value: within 1 ulp
-            exact = expert_down_reference(act, weights, ids_t, rows, hidden, inter, **{**kw, "out_dtype": torch.float32})
+            exact = expert_down_reference(act, weights, ids_t, rows, hidden, inter,
+                                          **{**kw, "out_dtype": torch.float32})
             diff = (out.cpu().float() - exact[0]).abs()
             assert torch.isfinite(out.cpu().float()).all() and (diff <= exact[0].abs() * 2 ** -8 + 1e-30).all()
 
@@ -133,6 +135,14 @@ def test_fused_matches_its_reference_and_the_model_path(dtype, nan_empty):
     g, u, d = (dequant_nvfp4(*t) for t in shared)
     model = model + scale * F.linear(F.silu(F.linear(xf, g)) * F.linear(xf, u), d)
     _close(out, model, 1e-5 if dtype == torch.float32 else 2 ** -7)
+    from qwenlocal.engine.kernels.nvfp4_experts_decode import nvfp4_triples
+    from qwenlocal.engine.quant.linear import QuantLinear
+    from qwenlocal.engine.quant.scheme import NVFP4
+
+    linears = [QuantLinear(NVFP4, dict(zip(("weight", "weight_scale", "weight_scale_2"), _dev(*t))), dtype, False)
+               for t in shared]
+    assert torch.equal(nvfp4_moe_decode_fused(*_dev(x, weights, ids, rows), hidden, inter, nvfp4_triples(*linears),
+                                              _dev(scale)[0]), out)
     routed_only = nvfp4_moe_decode_fused(*_dev(x, weights, ids, rows), hidden, inter)
     _close(routed_only, nvfp4_moe_decode_fused_reference(x, weights, ids, rows, hidden, inter),
            1e-5 if dtype == torch.float32 else 2 ** -7)

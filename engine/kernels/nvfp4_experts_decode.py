@@ -4,9 +4,10 @@ expert_gate_up: one launch writes act[j] = SiLU(gate_j x) * (up_j x) in fp32 for
 the bank or slot cache, layout in quant/nvfp4_rows.py) and, with `extra`, the shared expert's three separate
 NVFP4 linears as act[k]. expert_down: one launch; each program owns a tile of H outputs and sums
 weights[j] * (down_j act[j]) for j = 0..k-1, then extra_scale * (down_extra act[k]), then `addend`, in that
-fixed order in fp32, and stores once. No partial buffer, no torch sum, no atomics: deterministic, and the bytes
-do not depend on where a row lives (bank or slot; the row stride is not specialized on, so the compiled code
-is the same for both). No host reads of ids (CUDA-graph capturable).
+fixed order in fp32, and stores once (each expert's per-column partials add up element by element in that
+order, then one sum over the columns). No partial buffer, no torch sum, no atomics: deterministic, and the
+bytes do not depend on where a row lives (bank or slot: the rows' pointer and stride are not specialized on,
+so both get the same compiled code). No host reads of ids (CUDA-graph capturable).
 
 Speed (memory-bound; the lead sweeps the launch keywords on the GPU, scripts/bench_nvfp4_experts_decode.py):
 each program holds the whole K row (H = 2048 for gate_up, I = 512 for down) of a few rows as a 2-D tile of
@@ -158,7 +159,7 @@ def _rows_part(w_ptr, s_ptr, w2_ptr, s2_ptr, rows, mask_r, K, v_ptr, TWO: tl.con
     return acc, acc2
 
 
-@triton.jit(do_not_specialize=["row_words"])
+@triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
 def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, row_words, gu_scale_at, glob_at,
                           xg_w, xg_s, xg_g, xu_w, xu_s, xu_g,
                           K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -179,14 +180,14 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
             gate_w, gate_s, g_gate = xg_w, xg_s, tl.load(xg_g)
             up_w, up_s, g_up = xu_w, xu_s, tl.load(xu_g)
     # int64 rows here, int32 in the down kernel: fewer SASS instructions for each at the real shape (sm_90).
-    gate, up = _rows_part(gate_w, gate_s, up_w, up_s, n.to(tl.int64), mask_n, H, x_ptr, True, BLOCK_G, MASKED, DECODE, X_SPLIT,
-                          GROUP_SCALES)
+    gate, up = _rows_part(gate_w, gate_s, up_w, up_s, n.to(tl.int64), mask_n, H, x_ptr, True, BLOCK_G, MASKED,
+                          DECODE, X_SPLIT, GROUP_SCALES)
     gate = tl.sum(gate, axis=1) * (g_gate * 16384.0)  # 2^14: the codes' scaling, exact
     up = tl.sum(up, axis=1) * (g_up * 16384.0)
     tl.store(act_ptr + j * I + n, gate / (1.0 + tl.exp(-gate)) * up, mask=mask_n)
 
 
-@triton.jit(do_not_specialize=["row_words"])
+@triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
 def expert_down_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, out_ptr, H, I, row_words,
                        dn_at, dn_scale_at, glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr,
                        K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
