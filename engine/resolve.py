@@ -83,11 +83,14 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
                           slots=(facts.total_experts if slots is None else slots) * facts.expert_bytes,
                           stream=stream_buffer_bytes(facts, slots))
 
-    overlap = _overlap(opts, profile, dev, slots, d)
+    kernels = kernel_choices(model, dev, dt, opts.decode_kernels, sw)
+    # The fused step runs the NVFP4 shared expert inside the routed experts' two kernels; apart from them (on
+    # its stream beside the miss copy) it costs more launches than the copy it hides.
+    shared_in_experts = kernels["decode"][0] == "fused" and experts == "nvfp4" and linears == "native"
+    overlap = _overlap(opts, profile, dev, slots, d, shared_in_experts)
     mode, threshold = _prefill_mode(opts, profile, facts, dev, slots, chunk, d)
     _prefill_window(opts, mode, d)
     slot_prefill = _slot_prefill(opts, slots, d)
-    kernels = kernel_choices(model, dev, dt, opts.decode_kernels, sw)
     for part, (name, why) in kernels.items():
         d.auto(part, why)
     if opts.decode_kernels != "auto":
@@ -273,11 +276,20 @@ def _stream_buffers(facts, slots: int | None, d: _Decisions) -> str:
     return "dedicated"
 
 
-def _overlap(opts: EngineOptions, profile, dev: str, slots: int | None, d: _Decisions) -> str:
+# Measured on the H200 (docs/RESULTS.md, 2026-12-01, 16 GiB budget, calibrated-28, fused decode step):
+FUSED_OVERLAP_WHY = ("the fused decode step runs the shared expert inside the routed experts' kernels; split off "
+                     "beside the miss copy it measured slower: 160.5 tok/s serial vs 147.4 copy-side / 150.6 "
+                     "shared-side at 16K, 129.7 vs 123.9 / 120.0 at 120K (H200, 16 GiB)")
+
+
+def _overlap(opts: EngineOptions, profile, dev: str, slots: int | None, d: _Decisions,
+             shared_in_experts: bool = False) -> str:
     if dev == "cpu":
         auto, why = "off", "CPU decode: one stream, nothing to overlap"
     elif slots is None:
         auto, why = "off", "experts all resident: no miss copies to hide"
+    elif shared_in_experts:
+        auto, why = "off", FUSED_OVERLAP_WHY
     else:
         auto, why = _auto_overlap(profile, "cuda", False)
     if opts.overlap == "auto":
