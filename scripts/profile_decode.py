@@ -15,35 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench_resident import timed  # scripts/ is on the path when this runs as a script
 from qwenlocal.engine import Engine
+from qwenlocal.engine.bench.measure import device_gbps
 from qwenlocal.engine.roofline import model_step_bytes
-
-
-def device_bandwidth() -> float:
-    """Bytes per second of a 1 GiB device-to-device copy (read + write)."""
-    src = torch.empty(2**29, dtype=torch.uint16, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 2 / median_seconds(lambda: dst.copy_(src), 10)
-
-
-def median_seconds(fn, repeat: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def kernel_table(prof, steps: int) -> tuple[int, float, list[tuple[str, float, float]]]:
@@ -85,7 +65,7 @@ def arm(model: str, context: int, decode_kernels: str, budget: str | None, routi
     if runner.use_graph:
         for _ in range(8):
             runner.decode(state, token)
-        out["graph_ms_per_step"] = 1e3 * median_seconds(lambda: runner.decode(state, token), 50)
+        out["graph_ms_per_step"] = 1e3 * timed(lambda: runner.decode(state, token), 50)
         gn, gus, _ = kernel_table(profile_steps(runner, state, token, 3), 3)
         out.update(graph_kernels_per_step=gn, graph_kernel_us_per_step=gus)
     out["step_bytes"] = model_step_bytes(eng.model, context)
@@ -107,7 +87,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    bw = device_bandwidth()
+    bw = device_gbps("cuda") * 1e9
     results = []
     for dk in a.decode_kernels.split(","):
         r = arm(a.model, a.context, dk, a.vram_budget, a.routing, a.top)
