@@ -23,7 +23,7 @@ from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
 from ..kernels.gemv_multi import gemv, gemv_multi
-from ..kernels.nvfp4_experts_decode import expert_down, expert_gate_up
+from ..kernels.nvfp4_experts_decode import expert_down, expert_gate_up, nvfp4_triples
 from ..quant.linear import QuantLinear
 from ..quant.scheme import NVFP4
 from .ops import swiglu
@@ -34,11 +34,6 @@ if TYPE_CHECKING:
     from .gdn import GatedDeltaNet
     from .moe import SparseMoE
     from .qwen3_5_moe import Qwen35MoeModel
-
-
-def _part(weight):
-    """What gemv_multi takes for one linear: a QuantLinear's stored tensors, or the plain weight."""
-    return weight.tensors if isinstance(weight, QuantLinear) else weight
 
 
 def _format(weight) -> str:
@@ -55,7 +50,7 @@ def project(x: torch.Tensor, weights, out_dtype: torch.dtype | None = None) -> l
         while j < len(weights) and _format(weights[j]) == _format(weights[i]):
             j += 1
         group = weights[i:j]
-        y = gemv_multi(x, [_part(w) for w in group], out_dtype=out_dtype)
+        y = gemv_multi(x, group, out_dtype=out_dtype)
         views.extend(y.split([_out_features(w) for w in group], dim=-1))
         i = j
     return views
@@ -71,7 +66,7 @@ def gdn_decode(mixer: "GatedDeltaNet", h: torch.Tensor, state: "SequenceState") 
     out = gdn_decode_step(qkv[0], z[0], b[0], a[0], state.conv[mixer.layer], mixer.conv_w, mixer.neg_a,
                           mixer.dt_bias, state.recurrent[mixer.layer], mixer.norm_w, mixer.eps,
                           c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim)
-    return gemv(out.view(1, -1), _part(mixer.out_proj))
+    return gemv(out.view(1, -1), mixer.out_proj)
 
 
 def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.Tensor, state: "SequenceState",
@@ -85,7 +80,7 @@ def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.
                                        inv_freq=mixer.inv_freq)
     out = mixer.backend.attend(state.kv[mixer.layer], q.view(1, *q.shape), k.view(1, *k.shape), v.view(1, *v.shape),
                                positions, start, True).reshape(1, -1)
-    return gemv(sigmoid_gate_mul(out, gate, dest=out), _part(mixer.o_proj))
+    return gemv(sigmoid_gate_mul(out, gate, dest=out), mixer.o_proj)
 
 
 def _nvfp4_shared(moe: "SparseMoE") -> bool:
@@ -94,18 +89,11 @@ def _nvfp4_shared(moe: "SparseMoE") -> bool:
             and moe.shared[0].out_features == moe.inter)
 
 
-def _shared_tensors(moe: "SparseMoE"):
-    """(gate_up extra, down extra) as the expert kernels take the shared expert's NVFP4 linears."""
-    gate, up, down = (w.tensors for w in moe.shared)
-    trip = lambda t: (t["weight"], t["weight_scale"], t["weight_scale_2"])  # noqa: E731
-    return trip(gate) + trip(up), trip(down)
-
-
 def moe_decode(moe: "SparseMoE", h: torch.Tensor) -> torch.Tensor:
     gates = [moe.router_w, moe.shared_gate]
     # Logits in the compute dtype, as the unfused router's F.linear gives them (top-k then agrees on near-ties).
     if _format(gates[0]) == _format(gates[1]):  # always so in the known checkpoints (both BF16): one launch
-        router_logits = gemv_multi(h, [_part(w) for w in gates])
+        router_logits = gemv_multi(h, gates)
     else:
         router_logits = torch.cat(project(h, gates), dim=-1)
     weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
@@ -114,7 +102,8 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor) -> torch.Tensor:
     slots, expert_weights, copy = moe.experts.for_decode(ids)
     cfg_h, cfg_i = moe.hidden, moe.inter
     if moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe):
-        gate_up_extra, down_extra = _shared_tensors(moe)
+        gate, up, down_extra = nvfp4_triples(*moe.shared)
+        gate_up_extra = gate + up
         rows = expert_weights[0]
         if moe.overlap.split == "off":
             copy()
@@ -134,9 +123,9 @@ def _shared_alone(moe: "SparseMoE", h: torch.Tensor, scale: torch.Tensor) -> tor
     """The shared expert by itself, fp32 [1, H] (on its stream while the miss copy runs, when the overlap is on):
     gate+up in one GEMV, SwiGLU, down, times its sigmoid gate; added by the routed down kernel's epilogue."""
     gate, up, down = moe.shared
-    g, u = gemv_multi(h, [gate.tensors, up.tensors], out_dtype=torch.float32).split(moe.inter, dim=-1)
+    g, u = gemv_multi(h, [gate, up], out_dtype=torch.float32).split(moe.inter, dim=-1)
     act = torch.nn.functional.silu(g) * u
-    return gemv(act, down.tensors, out_dtype=torch.float32) * scale
+    return gemv(act, down, out_dtype=torch.float32) * scale
 
 
 def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor, state: "SequenceState",
@@ -158,4 +147,4 @@ def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor,
 
 def logits(model: "Qwen35MoeModel", hidden: torch.Tensor) -> torch.Tensor:
     """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype)."""
-    return gemv(hidden, _part(model.lm_head_w), out_dtype=torch.float32)
+    return gemv(hidden, model.lm_head_w, out_dtype=torch.float32)
