@@ -124,6 +124,8 @@ class Engine:
                        routing=routing.describe() if routing is not None else None,
                        device_asked=device is not None, device_why=why)
         log.info("engine config: %s", plan.summary())
+        if plan.threads is not None:  # the CPU path: once here, before any weight work runs on the threads
+            torch.set_num_threads(plan.threads)
         dtype = TORCH_DTYPES[plan.dtype]
         native = plan.experts == "nvfp4"
         if synthetic:
