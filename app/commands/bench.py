@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from qwenlocal.app.commands import add_threads_argument
 from qwenlocal.engine.errors import OptionError
 
 
@@ -35,6 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--routing", metavar="SPEC", help="synthetic routing trace for every arm: JSON or "
                                                           "key=value,... (passed to the engine as options.routing)")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
+    add_threads_argument(parser)
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default: the engine's (bf16 on cuda)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     parser.add_argument("--reload", action="store_true",
@@ -90,7 +92,7 @@ def _bench(args: argparse.Namespace, console) -> int:
     cases = build_cases(contexts, lengths, args.output_tokens)
     if args.pairs < 1:
         raise OptionError("--pairs must be at least 1")
-    base = {"routing": parse_spec(args.routing), "max_context": args.max_context}
+    base = {"routing": parse_spec(args.routing), "max_context": args.max_context, "threads": args.threads}
     for arm in arms:
         arm.engine_options(base)  # every arm's options validate before anything loads
     notes = []

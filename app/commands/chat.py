@@ -9,12 +9,14 @@ import json
 import sys
 from pathlib import Path
 
+from qwenlocal.app.commands import add_threads_argument, thread_options
 from qwenlocal.engine.errors import OptionError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="checkpoint folder (default: the built-in demo model)")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_threads_argument(parser)
     parser.add_argument("--endpoint", help="chat with an OpenAI-compatible server instead (vLLM, SGLang, "
                                            "llama-server, qwenlocal serve), e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--api-key", help="API key for --endpoint (sent as a Bearer token)")
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from qwenlocal.app.chat.backend import EngineBackend
 
-        backend = EngineBackend(args.model, device=args.device)
+        backend = EngineBackend(args.model, device=args.device, options=thread_options(args))
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "top_k": args.top_k, "seed": args.seed}
     theme = {"dark": "textual-dark", "light": "textual-light"}.get(args.theme or "")

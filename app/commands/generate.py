@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from qwenlocal.app.commands import add_threads_argument, thread_options
 from qwenlocal.app.models import resolve_model
 from qwenlocal.engine.events import EngineError, ReasoningDelta, TokenDelta, TurnDone
 
@@ -21,6 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_threads_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {model.label}", file=sys.stderr)
     from qwenlocal.engine import Engine
 
-    engine = Engine.from_pretrained(model.target, device=args.device)
+    engine = Engine.from_pretrained(model.target, device=args.device, options=thread_options(args))
     messages = ([{"role": "system", "content": args.system}] if args.system else [])
     messages.append({"role": "user", "content": args.prompt})
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
