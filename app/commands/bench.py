@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reload", action="store_true",
                         help="load each arm's engine per trial (one model in memory at a time; slow)")
     parser.add_argument("--force", action="store_true", help="run even if the fit check says it will not fit")
-    parser.add_argument("--out", type=Path, default=Path("docs/results"), help="folder for the JSON result")
+    parser.add_argument("--out", type=Path, help="folder for the JSON result (default: bench/ in the data folder)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"),
                         help="compare two saved runs instead of running")
 
@@ -128,12 +128,21 @@ def _bench(args: argparse.Namespace, console) -> int:
         if trials or complete:  # an interrupted run keeps what it measured, marked incomplete
             record = _record(args, resolved, arms, cases, contexts, lengths, base, trials, outcome, profile, fit,
                              notes, started, complete)
-            path = write_record(record, args.out)
+            path = write_record(record, results_dir(args.out))
             if complete:
                 render_run(record, console)
             console.print(f"{'result' if complete else '[yellow]partial result (interrupted)[/]'}: {path}",
                           highlight=False)
     return 0
+
+
+def results_dir(out: Path | None) -> Path:
+    """--out, else bench/ under the platformdirs data folder (never the folder the user happens to be in)."""
+    if out is not None:
+        return out
+    from qwenlocal.app.paths import data_dir
+
+    return data_dir() / "bench"
 
 
 def _record(args, resolved, arms, cases, contexts, lengths, base, trials, outcome, profile, fit, notes, started,
