@@ -203,7 +203,7 @@ class Engine:
         if len(prompt) + 1 > self.max_context:
             raise ContextLimitError(
                 f"the conversation is {len(prompt)} tokens and the context limit is {self.max_context}: "
-                "start a new chat or shorten the history"
+                "shorten it (drop earlier messages) or raise max_context if memory allows"
             )
         boundary = None
         if session is not None:

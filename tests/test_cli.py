@@ -78,3 +78,10 @@ def test_generate_threads_reach_torch(tiny_ckpt, tmp_path, monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_generate_context_overflow_advises_about_the_prompt(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("QWENLOCAL_HOME", str(tmp_path))
+    assert main(["generate", "word " * 3000, "--model", str(tiny_ckpt), "--device", "cpu", "--max-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "the prompt does not fit" in err and "shorten the prompt" in err and "new chat" not in err

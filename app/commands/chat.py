@@ -14,7 +14,8 @@ from qwenlocal.engine.errors import OptionError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="checkpoint folder (default: the built-in demo model)")
+    parser.add_argument("--model", help="checkpoint folder, hub id, alias or synthetic:NAME (default: the built-in "
+                                        "demo model); with --endpoint, the model id to ask the server for")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     add_threads_argument(parser)
     parser.add_argument("--endpoint", help="chat with an OpenAI-compatible server instead (vLLM, SGLang, "
@@ -47,7 +48,9 @@ def load_keymap(path: Path | None) -> dict[str, str]:
         raise OptionError(f"{target}: not a JSON object of binding id -> keys ({exc})") from exc
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
         raise OptionError(f"{target}: expected a JSON object like {{\"chat.new\": \"ctrl+n\"}}")
-    return raw
+    from qwenlocal.app.chat.keymap import validate_keymap
+
+    return validate_keymap(raw, str(target))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import sys
 
 from qwenlocal.app.commands import add_threads_argument, thread_options
 from qwenlocal.app.models import resolve_model
+from qwenlocal.engine.errors import ContextLimitError
 from qwenlocal.engine.events import EngineError, ReasoningDelta, TokenDelta, TurnDone
 
 
@@ -35,8 +36,13 @@ def run(args: argparse.Namespace) -> int:
     messages.append({"role": "user", "content": args.prompt})
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "top_k": args.top_k, "seed": args.seed}
+    try:
+        events = engine.chat(messages, sampling, enable_thinking=not args.no_think)
+    except ContextLimitError as exc:  # one prompt, no history: the advice is about the prompt
+        raise ContextLimitError(f"the prompt does not fit: {str(exc).split(':')[0]}; shorten the prompt"
+                                + (" or the system prompt" if args.system else "")) from None
     in_reasoning = False
-    for event in engine.chat(messages, sampling, enable_thinking=not args.no_think):
+    for event in events:
         if isinstance(event, ReasoningDelta) and not args.hide_thinking:
             if not in_reasoning:
                 sys.stdout.write("<think>\n")
