@@ -29,12 +29,32 @@ def _fmt(s: dict | None, digits: int) -> str:
 
 
 def _ratio(row: dict | None, metric: str) -> str:
+    """'median 0.64, 1 of 3 pairs faster' over 'pairs 2.47 0.64 0.44', flagged when noisy."""
     if not row or not row.get("ratios"):
         return ""
     higher = METRICS[metric][2]
     word = "faster" if higher or metric == "ttft_s" else "better"
-    per = " ".join(f"{r:.3f}" for r in row["ratios"])
-    return f"{row['ratio']['median']:.3f}: {per} ({row['better_pairs']}/{len(row['ratios'])} {word})"
+    n = len(row["ratios"])
+    per = " ".join(f"{r:.2f}" for r in row["ratios"])
+    flag = " (noisy)" if is_noisy(row["ratios"], row["ratio"]["median"]) else ""
+    return f"median {row['ratio']['median']:.2f}, {row['better_pairs']} of {n} pair{'s' if n != 1 else ''} {word}{flag}\npairs {per}"
+
+
+def is_noisy(ratios: Sequence[float], median: float) -> bool:
+    """The pairs disagree more than the median ratio claims: their spread (max - min) exceeds the claimed
+    change |median - 1| (a 1.05 claim from pairs 0.9..1.2 is not a result). One pair has no spread to read."""
+    return len(ratios) > 1 and max(ratios) - min(ratios) > abs(median - 1.0)
+
+
+def noise_notes(rows: Sequence[dict]) -> list[str]:
+    out = []
+    for r in rows:
+        if r.get("metric") in RATIO_OF and r.get("ratios") and is_noisy(r["ratios"], r["ratio"]["median"]):
+            lo, hi, med = min(r["ratios"]), max(r["ratios"]), r["ratio"]["median"]
+            out.append(f"noise: {r['case']} {METRICS[r['metric']][0]} {r['arm']}: the pairs' ratios span "
+                       f"{lo:.2f}-{hi:.2f} ({hi / lo:.1f}x), wider than the {abs(med - 1) * 100:.0f}% change the median "
+                       f"{med:.2f} claims; not a result: rerun with more --pairs on a quiet machine")
+    return out
 
 
 def render_run(record: dict, console: Console) -> None:
@@ -47,8 +67,8 @@ def render_run(record: dict, console: Console) -> None:
     s = record.get("settings", {})
     title = (f"{record.get('model', {}).get('name', '?')} · {s.get('device') or 'auto'} · {s.get('pairs')} pairs · "
              f"{s.get('output_tokens')} output tokens · budget {s.get('vram_budget') or 'auto'}")
-    table = Table(title=title, title_justify="left", caption=escape("median (mean) [min-max] over pairs; ratios are per "
-                                                          f"pair vs {arms[0] if arms else '?'}"), caption_justify="left")
+    table = Table(title=title, title_justify="left", caption=escape("median (mean) [min-max] over pairs; ratio = this arm / "
+                                                          f"{arms[0] if arms else '?'} within each pair"), caption_justify="left")
     table.add_column("case", no_wrap=True)
     table.add_column("arm", no_wrap=True)
     for m in metrics:
@@ -68,6 +88,8 @@ def render_run(record: dict, console: Console) -> None:
     if "roofline_tok_s" not in present:
         console.print("[dim]roofline: empty, it needs the H2D bytes per step (engine stats h2d_bytes, offloaded "
                       "experts only) and the link speed from the probe (GPU), or the device time per step (gpu_s).[/]")
+    for note in noise_notes(rows):
+        console.print(f"[yellow]{escape(note)}[/]")
     for skip in record.get("skipped_cases", []):
         console.print(f"[yellow]skipped {skip['case']}:[/] {skip['why']}")
     for note in record.get("notes", []):

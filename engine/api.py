@@ -124,6 +124,8 @@ class Engine:
                        routing=routing.describe() if routing is not None else None,
                        device_asked=device is not None, device_why=why)
         log.info("engine config: %s", plan.summary())
+        if plan.threads is not None:  # the CPU path: once here, before any weight work runs on the threads
+            torch.set_num_threads(plan.threads)
         dtype = TORCH_DTYPES[plan.dtype]
         native = plan.experts == "nvfp4"
         if synthetic:
@@ -201,7 +203,7 @@ class Engine:
         if len(prompt) + 1 > self.max_context:
             raise ContextLimitError(
                 f"the conversation is {len(prompt)} tokens and the context limit is {self.max_context}: "
-                "start a new chat or shorten the history"
+                "shorten it (drop earlier messages) or raise max_context if memory allows"
             )
         boundary = None
         if session is not None:

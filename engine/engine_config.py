@@ -14,13 +14,14 @@ from .memory import VramBudget, gib
 # Every decision, in display order. The names are also the keys of `Engine.plan` and of `to_dict()`.
 DECISIONS = ("device", "dtype", "vram_budget", "max_context", "prefill_chunk", "experts", "linears", "fp8_prefill",
              "slots", "bank", "stream_buffers", "overlap", "prefill_mode", "prefill_window", "slot_prefill_tokens",
-             "attention", "gdn", "moe", "decode", "cuda_graphs", "routing")
+             "attention", "gdn", "moe", "decode", "cuda_graphs", "routing", "threads")
 # EngineOptions field -> the decision that reports it (a test holds every field to one).
 OPTION_DECISIONS = {"prefill_chunk": "prefill_chunk", "prefill_mode": "prefill_mode", "overlap": "overlap",
                     "cuda_graphs": "cuda_graphs", "routing": "routing", "max_context": "max_context",
                     "vram_budget": "vram_budget", "expert_slots": "slots", "prefill_window": "prefill_window",
                     "expert_format": "experts", "linear_format": "linears", "slot_prefill_tokens": "slot_prefill_tokens",
-                    "fp8_prefill": "fp8_prefill", "decode_kernels": "decode"}
+                    "fp8_prefill": "fp8_prefill", "decode_kernels": "decode",
+                    "threads": "threads"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class EngineConfig:
     decode: str  # "fused" | "reference"
     cuda_graphs: bool  # the decode step replays one captured CUDA graph
     routing: str | None  # a synthetic routing trace (benchmarks), described; None = the model's router
+    threads: int | None  # torch CPU threads, set at engine build on the CPU; None on a GPU (left as torch has it)
     vram: VramBudget | None = None  # the VRAM arithmetic on a GPU
     reasons: dict = field(default_factory=dict)  # decision -> one line
     overridden: frozenset = frozenset()  # decisions the user set
@@ -103,6 +105,8 @@ class EngineConfig:
             return "whole prompt" if value is None else value
         if name == "routing":
             return value or "the model's router"
+        if name == "threads":
+            return "torch's default" if value is None else value
         return value
 
     def rows(self) -> list[tuple[str, Any, str, bool]]:
@@ -118,7 +122,7 @@ class EngineConfig:
         lm = f"layer-major >{self.layer_major_min_tokens - 1}" if self.layer_major else "chunked prefill"
         return (f"{self.device} {self.dtype} · {slots} · overlap {self.overlap} · {lm} · attention {self.attention} "
                 f"· moe {self.moe} · decode {self.decode} · graphs {'on' if self.cuda_graphs else 'off'} · "
-                f"context {self.max_context:,}")
+                f"context {self.max_context:,}" + (f" · {self.threads} threads" if self.threads else ""))
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("reasons", "overridden", "vram")}

@@ -62,6 +62,8 @@ class EngineOptions:
     # projections, fused norms/router/GDN step/attention prologue, all-SM expert GEMVs); "reference" = the
     # unfused torch/Triton path they are tested against; "auto" = fused on a GPU with Triton.
     decode_kernels: str = "auto"
+    # CPU threads for torch (set once when a CPU engine is built); None = physical cores less one, at most 8.
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefill_chunk, int) or isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 1:
@@ -88,6 +90,9 @@ class EngineOptions:
             raise OptionError(f"fp8_prefill {self.fp8_prefill!r} is not one of {', '.join(FP8_PREFILL)}")
         if self.decode_kernels not in DECODE_KERNELS:
             raise OptionError(f"decode_kernels {self.decode_kernels!r} is not one of {', '.join(DECODE_KERNELS)}")
+        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                                         or self.threads < 1):
+            raise OptionError(f"threads must be a positive number of CPU threads, got {self.threads!r}")
         if self.fp8_prefill == "scaled-mm" and self.linear_format == "dequantized":
             raise OptionError("fp8_prefill=scaled-mm multiplies the checkpoint's FP8 bytes; it cannot run with "
                               "linear_format=dequantized (use linear_format=auto or native)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .cpu_threads import default_threads, physical_cores
 from .engine_config import EngineConfig, Software
 from .errors import FeatureUnavailableError, OptionError
 from .memory import DTYPE_BYTES, ModelInfo, VramBudget, borrows_stream, gib, stream_buffer_bytes
@@ -29,10 +30,11 @@ NVFP4 = "nvfp4"
 
 def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "HardwareProfile | None",
             device: str | None = None, software: Software | None = None, *, dtype: str | None = None,
-            routing: str | None = None, device_asked: bool | None = None, device_why: str = "") -> EngineConfig:
+            routing: str | None = None, device_asked: bool | None = None, device_why: str = "",
+            cpu_cores: int | None = None) -> EngineConfig:
     """Decide everything. profile: the probe's HardwareProfile (needed on a GPU; on the CPU it adds the host
     RAM check). device: "cuda" | "cpu" | None (the profile decides). routing: the described synthetic
-    routing trace, if any. Raises OptionError (a value that cannot apply, naming it), ResourceError (too
+    routing trace, if any. cpu_cores: physical cores for the thread default (None: this machine's). Raises OptionError (a value that cannot apply, naming it), ResourceError (too
     little VRAM or RAM, with the numbers) or FeatureUnavailableError (CUDA asked for, none present)."""
     opts = EngineOptions.coerce(options)
     sw = software or Software()
@@ -104,13 +106,14 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
                "synthetic expert ids for benchmarks (the router's weights are kept)")
     else:
         d.auto("routing", "the model's router picks the experts (its top-k)")
+    threads = _threads(opts, dev, cpu_cores, d)
     return EngineConfig(
         device=dev, dtype=dt, vram_budget=budget, max_context=context, prefill_chunk=chunk, experts=experts,
         linears=linears, linear_kernels=linear_kernels, fp8_prefill=fp8, slots=slots, bank=bank, bank_pinned=pinned,
         stream_buffers=stream, overlap=overlap, prefill_mode=mode, layer_major_min_tokens=threshold,
         prefill_window=opts.prefill_window, slot_prefill_tokens=slot_prefill, attention=kernels["attention"][0],
         gdn=kernels["gdn"][0], moe=kernels["moe"][0], decode=kernels["decode"][0], cuda_graphs=graphs,
-        routing=routing, vram=vram, reasons=dict(d.reasons), overridden=frozenset(d.overridden))
+        routing=routing, threads=threads, vram=vram, reasons=dict(d.reasons), overridden=frozenset(d.overridden))
 
 
 def _copy(d: _Decisions, machine, name: str, as_name: str) -> None:
@@ -405,6 +408,22 @@ def _cuda_graphs(opts: EngineOptions, dev: str, kernels: dict, d: _Decisions) ->
         d.user("cuda_graphs", "cuda_graphs=false", "on" if auto else "off", why)
         return False
     d.auto("cuda_graphs", why)
+    return auto
+
+
+def _threads(opts: EngineOptions, dev: str, cpu_cores: int | None, d: _Decisions) -> int | None:
+    if dev != "cpu":
+        why = "the GPU computes; torch's CPU threads are left as they are"
+        if opts.threads is not None:
+            d.user("threads", f"threads={opts.threads}", "torch's default", why, "it applies to the CPU path only")
+        else:
+            d.auto("threads", why)
+        return None
+    auto, why = default_threads(cpu_cores if cpu_cores is not None else physical_cores())
+    if opts.threads is not None:
+        d.user("threads", f"threads={opts.threads}", auto, why)
+        return opts.threads
+    d.auto("threads", why)
     return auto
 
 

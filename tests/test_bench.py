@@ -244,3 +244,36 @@ def test_records_written_in_the_same_second_do_not_overwrite(tmp_path, monkeypat
     a = rec_mod.write_record({"n": 1}, tmp_path)
     b = rec_mod.write_record({"n": 2}, tmp_path)
     assert a != b and json.loads(a.read_text())["n"] == 1 and json.loads(b.read_text())["n"] == 2
+
+
+def test_bench_results_default_to_the_data_folder(tmp_path, monkeypatch):
+    from qwenlocal.app.commands.bench import results_dir
+
+    monkeypatch.setenv("QWENLOCAL_HOME", str(tmp_path / "home"))
+    assert results_dir(None) == tmp_path / "home" / "data" / "bench"
+    assert results_dir(tmp_path / "mine") == tmp_path / "mine"
+
+
+def test_ratio_cells_read_plainly_and_noise_is_called_out():
+    from rich.console import Console
+
+    from qwenlocal.app.bench_view import _ratio, is_noisy, noise_notes, render_run
+
+    steady = {"case": "16k", "metric": "decode_tok_s", "arm": "B", "ratios": [1.21, 1.19, 1.2],
+              "ratio": {"median": 1.2}, "better_pairs": 3}
+    wild = {"case": "16k", "metric": "decode_tok_s", "arm": "C", "ratios": [1.02, 11.4, 15.6],
+            "ratio": {"median": 11.4}, "better_pairs": 3}
+    slower = {"case": "1k", "metric": "decode_tok_s", "arm": "B", "ratios": [2.466, 0.637, 0.441],
+              "ratio": {"median": 0.637}, "better_pairs": 1}
+    assert _ratio(steady, "decode_tok_s") == "median 1.20, 3 of 3 pairs faster\npairs 1.21 1.19 1.20"
+    assert _ratio(slower, "decode_tok_s").startswith("median 0.64, 1 of 3 pairs faster (noisy)")
+    assert not is_noisy(steady["ratios"], 1.2) and is_noisy(wild["ratios"], 11.4) and not is_noisy([3.0], 3.0)
+    notes = noise_notes([steady, wild, slower])
+    assert len(notes) == 2 and "16k decode C" in notes[0] and "1.02-15.60 (15.3x)" in notes[0]
+    console = Console(record=True, width=200)
+    summary = [{**r, "summary": {"n": 3, "median": 1.0, "mean": 1.0, "min": 1.0, "max": 1.0}} for r in (steady, wild)]
+    summary.append({"case": "16k", "metric": "decode_tok_s", "arm": "A", "ratios": [], "ratio": {},
+                    "better_pairs": 0, "summary": {"n": 3, "median": 1.0, "mean": 1.0, "min": 1.0, "max": 1.0}})
+    render_run({"summary": summary, "arms": [{"name": "A"}, {"name": "B"}, {"name": "C"}], "settings": {}}, console)
+    text = console.export_text()
+    assert "3 of 3 pairs faster" in text and "noise: 16k" in text and "not a result" in text

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -141,3 +142,27 @@ def test_the_chat_app_does_not_import_torch():
             "qwenlocal.app.chat.fake; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_keymap_refuses_unknown_ids_and_keys(tmp_path):
+    keymap = tmp_path / "keys.json"
+    for entry, expected in (({"chat.new": "ctrl+zz"}, "'zz' is not a key name"),
+                            ({"chat.nwe": "f9"}, "did you mean 'chat.new'"),
+                            ({"chat.new": "cntrl+n"}, "'cntrl' is not a modifier"),
+                            ({"chat.new": "f9,"}, "empty key"), ({"prompt.send": ""}, "no key given")):
+        keymap.write_text(json.dumps(entry))
+        with pytest.raises(OptionError, match=re.escape(expected)):
+            load_keymap(keymap)
+    good = {"chat.new": "ctrl+w,f9", "prompt.send": "ctrl+s", "help.close": "question_mark", "chat.stop": "ctrl+shift+k"}
+    keymap.write_text(json.dumps(good))
+    assert load_keymap(keymap) == good
+
+
+def test_help_lists_enter_once_and_chat_help_names_the_model_forms():
+    from qwenlocal.app.chat.panels import help_markdown
+
+    text = help_markdown([("enter", "Send the prompt", "prompt.send"), ("ctrl+n", "Start a new conversation", "chat.new")])
+    assert text.count("`enter`") == 1
+    model_help = next(a.help for a in build_parser()._subparsers._group_actions[0].choices["chat"]._actions
+                      if "--model" in a.option_strings)
+    assert "hub id" in model_help and "--endpoint" in model_help and not model_help.startswith("checkpoint folder (")

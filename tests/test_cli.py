@@ -48,3 +48,40 @@ def test_demo_model_is_generated_once_and_atomically(tmp_path, monkeypatch):
     assert resolve_model(None).path == first.path
     assert (first.path / "config.json").stat().st_mtime_ns == stamp
     assert not [p for p in first.path.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_threads_option_on_every_engine_command(capsys):
+    import pytest
+
+    from qwenlocal.app.cli import build_parser
+    from qwenlocal.app.commands import thread_options
+
+    parser = build_parser()
+    for cmd in (["chat"], ["generate", "hi"], ["serve"], ["bench"]):
+        args = parser.parse_args([*cmd, "--threads", "3"])
+        assert thread_options(args) == {"threads": 3}, cmd
+        assert thread_options(parser.parse_args(cmd)) is None
+        for bad in ("0", "two"):
+            with pytest.raises(SystemExit):
+                parser.parse_args([*cmd, "--threads", bad])
+    assert "--threads" in capsys.readouterr().err
+
+
+def test_generate_threads_reach_torch(tiny_ckpt, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("QWENLOCAL_HOME", str(tmp_path))
+    before = torch.get_num_threads()
+    try:
+        assert main(["generate", "Hello", "--model", str(tiny_ckpt), "--max-tokens", "2", "--device", "cpu",
+                     "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_generate_context_overflow_advises_about_the_prompt(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("QWENLOCAL_HOME", str(tmp_path))
+    assert main(["generate", "word " * 3000, "--model", str(tiny_ckpt), "--device", "cpu", "--max-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "the prompt does not fit" in err and "shorten the prompt" in err and "new chat" not in err

@@ -146,3 +146,17 @@ def test_real_huggingface_hub_offline_is_mapped(tmp_path):
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 1
     assert "HF_HUB_OFFLINE" in out.stderr and "--model" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_validates_the_fit_options_before_the_hub(fake, tmp_path, capsys, monkeypatch):
+    from qwenlocal.app import hub
+
+    def no_hub(*a, **k):
+        raise AssertionError("the hub was asked before the options were checked")
+
+    monkeypatch.setattr(hub, "remote_listing", no_hub)
+    target = tmp_path / "dl"
+    assert main(["download", REPO, "--dir", str(target), "--vram-budget", "banana"]) == 1
+    assert "vram_budget 'banana' is not a size" in capsys.readouterr().err
+    assert main(["download", REPO, "--max-context", "0"]) == 1
+    assert "max_context" in capsys.readouterr().err

@@ -37,7 +37,8 @@ NONE = Software(triton=False, flashinfer=False, fla=False)
 OTHER_VALUES = {"prefill_chunk": 512, "prefill_mode": "chunked", "overlap": "off", "cuda_graphs": False,
                 "routing": "uniform", "max_context": 1024, "vram_budget": "16GiB", "expert_slots": 8,
                 "prefill_window": 16, "expert_format": "dense", "linear_format": "dequantized",
-                "slot_prefill_tokens": 0, "fp8_prefill": "scaled-mm", "decode_kernels": "reference"}
+                "slot_prefill_tokens": 0, "fp8_prefill": "scaled-mm", "decode_kernels": "reference",
+                "threads": 1}
 OPTIONS = [{}, {"expert_slots": 8}, {"expert_slots": 60}, {"expert_slots": 8, "prefill_mode": "chunked"},
            {"prefill_mode": "layer-major"}, {"expert_slots": 12, "overlap": "copy-side", "slot_prefill_tokens": 0},
            {"cuda_graphs": False, "decode_kernels": "reference"}, {"vram_budget": "16GiB"}]
@@ -176,6 +177,7 @@ def test_cpu_engine_objects_are_what_the_config_says(tiny_ckpt, options):
     assert all(layer.moe.overlap.split == config.overlap == "off" for layer in model.layers)
     assert {p: n for p, (n, _) in model.kernels.choices.items()} == {"attention": "sdpa", "gdn": "torch", "moe": "torch",
                                                                      "decode": "reference"}
+    assert config.threads is not None and torch.get_num_threads() == config.threads
     assert eng.max_context == config.max_context and str(model.dtype) == "torch." + config.dtype
     assert model.layers[0].moe.experts.fmt == ("nvfp4" if config.experts == "nvfp4" else "dense")
     assert eng.plan["device"]["by"] == "user" and eng.plan["slots"]["by"] == ("user" if "expert_slots" in options else "auto")
@@ -257,3 +259,28 @@ def test_complete_goes_through_the_engine_lock(tiny_engine):
         chat.close()
     with pytest.raises(OptionError, match="token ids"):
         tiny_engine.complete([10**6])
+
+
+def test_threads_default_leaves_a_core_and_is_capped():
+    from qwenlocal.engine.cpu_threads import default_threads, physical_cores
+
+    assert [default_threads(c)[0] for c in (1, 2, 4, 9, 64)] == [1, 1, 3, 8, 8]
+    assert 1 <= physical_cores() <= (__import__("os").cpu_count() or 1)
+    cpu = resolve({}, TINY, None, "cpu", NONE, cpu_cores=16)
+    assert cpu.threads == 8 and "8 of 16 physical cores" in cpu.reason("threads")
+    assert resolve({"threads": 3}, TINY, None, "cpu", NONE, cpu_cores=16).threads == 3
+    gpu = resolve({"threads": 3}, TINY, fake.h200(), "cuda", ALL)
+    assert gpu.threads is None and "threads" in gpu.overridden and "CPU path only" in gpu.reason("threads")
+    for bad in (0, -2, "4", True):
+        with pytest.raises(OptionError, match="threads"):
+            resolve({"threads": bad}, TINY, None, "cpu", NONE)
+
+
+def test_cpu_engine_sets_torch_threads(tiny_ckpt):
+    before = torch.get_num_threads()
+    try:
+        eng = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"threads": 1})
+        assert eng.engine_config.threads == 1 and torch.get_num_threads() == 1
+        assert eng.plan["threads"] == {"value": 1, "reason": eng.engine_config.reason("threads"), "by": "user"}
+    finally:
+        torch.set_num_threads(before)

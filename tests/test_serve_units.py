@@ -114,3 +114,10 @@ def test_serve_modules_do_not_import_torch():
             "qwenlocal.app.serve.remote_client, qwenlocal.app.serve.loadtest; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_empty_messages_says_empty():
+    with pytest.raises(ApiError) as err:
+        parse_chat({**BASE, "messages": []}, "m")
+    message = err.value.body()["error"]["message"]
+    assert "is empty" in message and "got an array" not in message and err.value.param == "messages"

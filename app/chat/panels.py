@@ -56,7 +56,7 @@ def help_markdown(bindings: list[tuple[str, str, str]]) -> str:
     keys = "\n".join(f"- `{key}` — {desc}" + (f" *({bid})*" if bid else "") for key, desc, bid in bindings)
     cmds = "\n".join(f"- `{c.usage}` — {c.help}" for c in COMMANDS)
     return (
-        "## Keys\n\n- `enter` — Send the message\n" + keys + "\n\n"
+        "## Keys\n\n" + keys + "\n\n"
         "Remap a key by its binding id (in italics) in `keymap.json` in the data folder, or with "
         "`--keymap FILE`, e.g. `{\"chat.new\": \"ctrl+w\"}`.\n\n"
         "## Slash commands\n\n" + cmds + "\n\n"

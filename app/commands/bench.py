@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from qwenlocal.app.commands import add_threads_argument
 from qwenlocal.engine.errors import OptionError
 
 
@@ -35,12 +36,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--routing", metavar="SPEC", help="synthetic routing trace for every arm: JSON or "
                                                           "key=value,... (passed to the engine as options.routing)")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
+    add_threads_argument(parser)
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default: the engine's (bf16 on cuda)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     parser.add_argument("--reload", action="store_true",
                         help="load each arm's engine per trial (one model in memory at a time; slow)")
     parser.add_argument("--force", action="store_true", help="run even if the fit check says it will not fit")
-    parser.add_argument("--out", type=Path, default=Path("docs/results"), help="folder for the JSON result")
+    parser.add_argument("--out", type=Path, help="folder for the JSON result (default: bench/ in the data folder)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"),
                         help="compare two saved runs instead of running")
 
@@ -90,7 +92,7 @@ def _bench(args: argparse.Namespace, console) -> int:
     cases = build_cases(contexts, lengths, args.output_tokens)
     if args.pairs < 1:
         raise OptionError("--pairs must be at least 1")
-    base = {"routing": parse_spec(args.routing), "max_context": args.max_context}
+    base = {"routing": parse_spec(args.routing), "max_context": args.max_context, "threads": args.threads}
     for arm in arms:
         arm.engine_options(base)  # every arm's options validate before anything loads
     notes = []
@@ -126,12 +128,21 @@ def _bench(args: argparse.Namespace, console) -> int:
         if trials or complete:  # an interrupted run keeps what it measured, marked incomplete
             record = _record(args, resolved, arms, cases, contexts, lengths, base, trials, outcome, profile, fit,
                              notes, started, complete)
-            path = write_record(record, args.out)
+            path = write_record(record, results_dir(args.out))
             if complete:
                 render_run(record, console)
             console.print(f"{'result' if complete else '[yellow]partial result (interrupted)[/]'}: {path}",
                           highlight=False)
     return 0
+
+
+def results_dir(out: Path | None) -> Path:
+    """--out, else bench/ under the platformdirs data folder (never the folder the user happens to be in)."""
+    if out is not None:
+        return out
+    from qwenlocal.app.paths import data_dir
+
+    return data_dir() / "bench"
 
 
 def _record(args, resolved, arms, cases, contexts, lengths, base, trials, outcome, profile, fit, notes, started,

@@ -9,12 +9,15 @@ import json
 import sys
 from pathlib import Path
 
+from qwenlocal.app.commands import add_threads_argument, thread_options
 from qwenlocal.engine.errors import OptionError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="checkpoint folder (default: the built-in demo model)")
+    parser.add_argument("--model", help="checkpoint folder, hub id, alias or synthetic:NAME (default: the built-in "
+                                        "demo model); with --endpoint, the model id to ask the server for")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_threads_argument(parser)
     parser.add_argument("--endpoint", help="chat with an OpenAI-compatible server instead (vLLM, SGLang, "
                                            "llama-server, qwenlocal serve), e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--api-key", help="API key for --endpoint (sent as a Bearer token)")
@@ -45,7 +48,9 @@ def load_keymap(path: Path | None) -> dict[str, str]:
         raise OptionError(f"{target}: not a JSON object of binding id -> keys ({exc})") from exc
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
         raise OptionError(f"{target}: expected a JSON object like {{\"chat.new\": \"ctrl+n\"}}")
-    return raw
+    from qwenlocal.app.chat.keymap import validate_keymap
+
+    return validate_keymap(raw, str(target))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from qwenlocal.app.chat.backend import EngineBackend
 
-        backend = EngineBackend(args.model, device=args.device)
+        backend = EngineBackend(args.model, device=args.device, options=thread_options(args))
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "top_k": args.top_k, "seed": args.seed}
     theme = {"dark": "textual-dark", "light": "textual-light"}.get(args.theme or "")

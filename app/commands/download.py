@@ -28,6 +28,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(stderr=True, soft_wrap=True, highlight=False)
+    from qwenlocal.engine.options import EngineOptions
+
+    # The fit options are checked first: a bad size must not wait for (or be skipped by) the hub listing.
+    EngineOptions.coerce(None, vram_budget=args.vram_budget, max_context=args.max_context)
     if args.list:
         _show_known(Console())
         return 0

@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from qwenlocal.app.commands import add_threads_argument, thread_options
 from qwenlocal.app.models import resolve_model
+from qwenlocal.engine.errors import ContextLimitError
 from qwenlocal.engine.events import EngineError, ReasoningDelta, TokenDelta, TurnDone
 
 
@@ -21,6 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_threads_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,13 +31,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {model.label}", file=sys.stderr)
     from qwenlocal.engine import Engine
 
-    engine = Engine.from_pretrained(model.target, device=args.device)
+    engine = Engine.from_pretrained(model.target, device=args.device, options=thread_options(args))
     messages = ([{"role": "system", "content": args.system}] if args.system else [])
     messages.append({"role": "user", "content": args.prompt})
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "top_k": args.top_k, "seed": args.seed}
+    try:
+        events = engine.chat(messages, sampling, enable_thinking=not args.no_think)
+    except ContextLimitError as exc:  # one prompt, no history: the advice is about the prompt
+        raise ContextLimitError(f"the prompt does not fit: {str(exc).split(':')[0]}; shorten the prompt"
+                                + (" or the system prompt" if args.system else "")) from None
     in_reasoning = False
-    for event in engine.chat(messages, sampling, enable_thinking=not args.no_think):
+    for event in events:
         if isinstance(event, ReasoningDelta) and not args.hide_thinking:
             if not in_reasoning:
                 sys.stdout.write("<think>\n")

@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from qwenlocal.app.commands import add_threads_argument, thread_options
 from qwenlocal.engine.errors import OptionError
 
 
@@ -19,6 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue", type=int, default=8,
                         help="requests that may wait behind the running one; more get HTTP 429 (default 8)")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_threads_argument(parser)
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -80,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
                           "be using it; pick another with --port, or check --host") from None
     print(f"model: {model.label} (served as {model_id!r}); loading...", file=sys.stderr)
     # `target` (a folder, or a synthetic:NAME reference) where models.py has it; a folder otherwise.
-    worker = engine_worker(getattr(model, "target", model.path), device=args.device, max_waiting=args.queue)
+    worker = engine_worker(getattr(model, "target", model.path), device=args.device, max_waiting=args.queue,
+                           options=thread_options(args))
     try:
         worker.wait_ready()
         print(f"serving on http://{args.host}:{args.port}/v1  (auth: {'API key' if api_key else 'none'}, "

@@ -174,7 +174,10 @@ def _content(value: Any, i: int, role: str) -> str:
 
 def _messages(body: dict) -> tuple[dict, ...]:
     msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
+    if isinstance(msgs, list) and not msgs:
+        raise bad("'messages' is empty; send at least one {role, content} message, e.g. "
+                  "[{\"role\": \"user\", \"content\": \"Hi\"}]", "messages")
+    if not isinstance(msgs, list):
         raise bad(f"'messages' must be a non-empty array of {{role, content}} objects, got {_type_name(msgs)}",
                   "messages")
     out = []

@@ -64,7 +64,7 @@ class SequenceState:
         if self.seq_len + new_tokens > self.max_len:
             raise ContextLimitError(
                 f"the conversation needs {self.seq_len + new_tokens} tokens but the context limit is {self.max_len}: "
-                "start a new chat, or raise the context limit if memory allows"
+                "shorten it (drop earlier messages), or raise the context limit if memory allows"
             )
 
     def snapshot(self) -> StateSnapshot:
