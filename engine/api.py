@@ -210,6 +210,12 @@ class Engine:
             boundary = len(history) if prompt[:len(history)] == history else None
         return self._stream(prompt, prompt_text, params, cancel, session, boundary)
 
+    def count_tokens(self, messages: Sequence[Mapping[str, Any]], enable_thinking: bool = True) -> int:
+        """The size in tokens of the prompt `chat` would build from these messages (the context check's figure)."""
+        msgs = validate_messages(messages)
+        return len(self.tokenizer.encode(self.tokenizer.render(msgs, add_generation_prompt=True,
+                                                               enable_thinking=enable_thinking)))
+
     def complete(self, prompt: str | Sequence[int], sampling: SamplingParams | Mapping[str, Any] | None = None,
                  cancel: threading.Event | None = None) -> Iterator[Event]:
         """A raw prompt (text, or token ids) continued with no chat template and no thinking split: TokenDelta

@@ -52,7 +52,11 @@ class ChatActions:
             self.drop_reply()
         del self.conv.messages[n:]
         widgets = list(self.view.query(".message"))
-        await self.view.remove_children(widgets[n:])
+        # The context notes of the turns removed go with them (a note sits just before its turn's reply).
+        first = self.view.children.index(widgets[n - 1]) + 1 if 0 < n <= len(widgets) else 0
+        notes = [w for w in self.view.query(".context-note") if self.view.children.index(w) >= first]
+        self._left_out = 0
+        await self.view.remove_children(widgets[n:] + notes)
 
     async def action_new_chat(self) -> None:
         await self._rewind(0)
