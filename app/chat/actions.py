@@ -62,7 +62,7 @@ class ChatActions:
         await self._rewind(0)
         self.conv = Conversation(model=self.conv.model, system=self.system)
         self.status.reset_turn()
-        self.status.show(state="ready" if self.ready else "loading")
+        self.status.show({"prompt_tokens": 0, "completion_tokens": 0}, state="ready" if self.ready else "loading")
         self.prompt.focus()
 
     async def action_regenerate(self) -> None:
@@ -104,6 +104,7 @@ class ChatActions:
         if text is None:
             return
         self.system = self.conv.system = text.strip()
+        self.show_banner()
         self.notify("System prompt set." if self.system else "System prompt cleared.")
         self.save_conversation()
 
@@ -114,7 +115,7 @@ class ChatActions:
             self.notify(str(exc), severity="error")
 
     def action_sampling(self) -> None:
-        self.push_screen(SamplingModal(self.sampling), self._apply_sampling)
+        self.push_screen(SamplingModal(self.sampling, self.sampling_defaults()), self._apply_sampling)
 
     def _apply_sampling(self, values: dict | None) -> None:
         if values is None:
@@ -194,6 +195,9 @@ class ChatActions:
             UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content, m.reasoning, m.finish_reason)
             for m in conv.messages])
         self.view.scroll_end(animate=False)
+        self.show_banner()
+        self.status.reset_turn()
+        self.status.show(self._context_now())
         self.notify(f"Opened “{conv.title or conv.id}”.")
 
     # ----- information -----

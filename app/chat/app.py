@@ -112,6 +112,7 @@ class ChatApp(ChatActions, App[int]):
         self.load_error: str | None = None
         self._turn_id = 0
         self._quitting = False
+        self._banner_text = ""
         self._left_out = 0  # the oldest turns the last trimmed turn left out (its note is shown once per count)
         self._cancel = threading.Event()
         self._turn_done = threading.Event()
@@ -191,9 +192,24 @@ class ChatApp(ChatActions, App[int]):
         self.status.set_plan(m.plan)
         self.status.show(self.backend.stats(), state="ready")
         self._gc_checkpoint()
-        self.banner.update(f"Model: {m.label}\n{plan_summary(m.plan)}"
-                           "Enter sends · Ctrl+J newline · Esc stops · F1 help · Ctrl+P commands")
+        self._banner_text = (f"Model: {m.label}\n{plan_summary(m.plan)}"
+                             "Enter sends · Ctrl+J newline · Esc stops · F1 help · Ctrl+P commands")
+        self.show_banner()
         self.prompt.focus()
+
+    def show_banner(self) -> None:
+        """The model, the plan, the keys, and the system prompt in force (F4 sets it)."""
+        system = " ".join(self.system.split())
+        if len(system) > 160:
+            system = system[:159] + "…"
+        self.banner.update(self._banner_text + (f"\nSystem prompt: {system}" if system else ""))
+
+    def sampling_defaults(self) -> dict:
+        """The backend's own sampling values (what an empty field means), where it tells them."""
+        try:
+            return dict(getattr(self.backend, "sampling_defaults", None) or {})
+        except Exception:  # a backend that cannot tell: the dialog says "model default"
+            return {}
 
     def on_load_failed(self, m: msg.LoadFailed) -> None:
         self.load_error = f"{m.title}: {m.message}\n{m.hint}"
@@ -364,7 +380,7 @@ class ChatApp(ChatActions, App[int]):
         reason = "refused" if m.kind == "ContextLimitError" else "error"
         self.conv.add("assistant", reply.text, reasoning=reply.reasoning, finish_reason=reason)
         self.notify(m.message, title="Generation failed", severity="error", timeout=8)
-        self._end_turn("error", self._context_now() if reason == "refused" else {})
+        self._end_turn("error", self._context_now())
         if self._quitting:
             self.exit()
 

@@ -117,6 +117,15 @@ class EngineBackend:
     def context_limit(self):
         return self._engine.max_context if self._engine is not None else None
 
+    @property
+    def sampling_defaults(self) -> dict:
+        """The model's sampling values (its generation_config.json, else the engine's): what F5 shows as default."""
+        if self._engine is None:
+            return {}
+        d = self._engine.sampling_defaults
+        return {"temperature": d.temperature, "top_p": d.top_p, "top_k": d.top_k, "max_tokens": d.max_tokens,
+                "seed": d.seed}
+
     def stats(self) -> dict:
         return self._engine.stats() if self._engine is not None else {}
 

@@ -119,6 +119,10 @@ class ScriptedBackend:
         return self._stats(0, 0)
 
     @property
+    def sampling_defaults(self) -> dict:
+        return {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 4096, "seed": None}
+
+    @property
     def plan(self) -> dict:
         return {"device": {"value": "fake", "reason": "scripted backend for tests"},
                 "overlap": {"value": "copy-side", "reason": "scripted: PCIe copy overlaps the shared expert"},
