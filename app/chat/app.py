@@ -328,9 +328,10 @@ class ChatApp(ChatActions, App[int]):
         """On the worker thread: leave the oldest turns out of what is sent when the prompt would not fit."""
         count = getattr(self.backend, "count_tokens", None)
         limit = getattr(self.backend, "context_limit", None)
-        if count is None or not limit or count(messages, thinking) is None:
+        tokens = count(messages, thinking) if count is not None and limit else None
+        if tokens is None:
             return messages, reuse_prefix
-        fitted = fit_to_context(messages, lambda m: count(m, thinking), limit)
+        fitted = fit_to_context(messages, lambda m: count(m, thinking), limit, tokens=tokens)
         if fitted.dropped_turns:
             self.post_message(msg.ContextTrimmed(turn_id, fitted.dropped_turns, fitted.tokens))
             reuse_prefix = 0  # the history no longer starts where the backend's cached one does

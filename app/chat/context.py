@@ -37,16 +37,16 @@ def _turn_starts(messages: Sequence[dict], first: int) -> list[int]:
 
 
 def fit_to_context(messages: Sequence[dict], count: Callable[[list[dict]], int], limit: int,
-                   reply_room: int = REPLY_ROOM) -> Fitted:
+                   reply_room: int = REPLY_ROOM, tokens: int | None = None) -> Fitted:
     """Drop the oldest turns until `count(messages)` leaves room for a reply within `limit`.
 
-    `count` gives the rendered prompt's size in tokens. The last message (the new user message) and a leading
+    `count` gives the rendered prompt's size in tokens (`tokens`: that of `messages`, where known). The last message (the new user message) and a leading
     system message are always kept. Raises ContextTooLong when even those two need more than `limit - 1`.
     """
     msgs = [dict(m) for m in messages]
     head = 1 if msgs and msgs[0]["role"] == "system" else 0
     room = min(reply_room, limit // 4)
-    tokens = count(msgs)
+    tokens = count(msgs) if tokens is None else tokens
     if tokens + room <= limit:
         return Fitted(msgs, 0, tokens)
     starts = _turn_starts(msgs, head)
