@@ -131,7 +131,7 @@ async def test_ctrl_q_during_a_reply_saves_it_as_cancelled(tmp_path):
 
 
 async def test_quit_while_the_backend_is_stuck_saves_what_was_shown(tmp_path, monkeypatch):
-    monkeypatch.setattr("qwenlocal.app.chat.app.QUIT_WAIT_S", 0.2)
+    monkeypatch.setattr("qwenlocal.app.chat.actions.QUIT_WAIT_S", 0.2)
     backend = ScriptedBackend([ScriptedReply(answer=words(50))], hold_after=4)
     app = make_app(tmp_path, backend)
     async with app.run_test(size=(100, 30)) as pilot:

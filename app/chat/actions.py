@@ -17,6 +17,8 @@ from .settings import describe, parse_assignments
 from .store import export_transcript
 from .widgets import AssistantMessage, UserMessage
 
+QUIT_WAIT_S = 2.0  # Ctrl+Q mid-reply: how long the stopped turn may take to hand back its reply
+
 _ON, _OFF = {"on", "true", "yes", "1"}, {"off", "false", "no", "0"}
 
 
@@ -92,7 +94,47 @@ class ChatActions:
         self.push_screen(TextEditModal("Edit your last message", self.conv.messages[idx].content,
                                        "Ctrl+S re-runs the turn from this message · Esc cancels"), apply)
 
+    # ----- quitting -----
+    async def action_quit(self) -> None:
+        """Ctrl+Q: a reply in flight is stopped and saved as cancelled first, as Esc would leave it."""
+        if not self.generating:
+            self.exit()
+            return
+        self._quitting = True
+        self.stop_generation()
+        # The stopped turn's ReplyDone saves it and exits (on_reply_done); a backend stuck in a step is not
+        # waited for beyond QUIT_WAIT_S: what is on screen is saved then.
+        self.set_timer(QUIT_WAIT_S, self._quit_now)
+
+    def _quit_now(self) -> None:
+        self.save_partial_reply()
+        self.exit()
+
+    def save_partial_reply(self) -> None:
+        """Keep the reply in flight (what it streamed so far) in the conversation as cancelled, and save."""
+        reply = self._reply
+        if not self.generating or reply is None:
+            return
+        self._turn_id += 1  # the stopped turn's last messages are not applied twice
+        self.conv.add("assistant", reply.text, reasoning=reply.reasoning, finish_reason="cancelled")
+        self.generating, self._reply = False, None
+        self.save_conversation()
+
     # ----- settings -----
+    def show_banner(self) -> None:
+        """The model, the plan, the keys, and the system prompt in force (F4 sets it)."""
+        system = " ".join(self.system.split())
+        if len(system) > 160:
+            system = system[:159] + "…"
+        self.banner.update(self._banner_text + (f"\nSystem prompt: {system}" if system else ""))
+
+    def sampling_defaults(self) -> dict:
+        """The backend's own sampling values (what an empty field means), where it tells them."""
+        try:
+            return dict(getattr(self.backend, "sampling_defaults", None) or {})
+        except Exception:  # a backend that cannot tell: the dialog says "model default"
+            return {}
+
     async def slash_system(self, arg: str) -> None:
         self._set_system(arg)
 
