@@ -33,7 +33,8 @@ from .quant.synthetic_formats import stored_dense_bytes_of
 from .synthetic import (is_synthetic, shared_synthetic, synthetic_config, synthetic_geometry, synthetic_nvfp4,
                         synthetic_tokenizer_dir)
 from .runtime.sampler import SamplingParams, defaults_from_generation_config, eos_from_generation_config
-from .tokenizer import ChatTokenizer, StreamDecoder, ThinkSplitter
+from .think_split import reply_splitter
+from .tokenizer import ChatTokenizer, StreamDecoder
 
 log = logging.getLogger(__name__)
 _ROLES = ("system", "user", "assistant", "tool")
@@ -210,7 +211,13 @@ class Engine:
             history = self.tokenizer.encode(self.tokenizer.render(msgs, add_generation_prompt=False,
                                                                   enable_thinking=enable_thinking))
             boundary = len(history) if prompt[:len(history)] == history else None
-        return self._stream(prompt, prompt_text, params, cancel, session, boundary)
+        return self._stream(prompt, prompt_text, params, cancel, session, boundary, thinking=enable_thinking)
+
+    def count_tokens(self, messages: Sequence[Mapping[str, Any]], enable_thinking: bool = True) -> int:
+        """The size in tokens of the prompt `chat` would build from these messages (the context check's figure)."""
+        msgs = validate_messages(messages)
+        return len(self.tokenizer.encode(self.tokenizer.render(msgs, add_generation_prompt=True,
+                                                               enable_thinking=enable_thinking)))
 
     def complete(self, prompt: str | Sequence[int], sampling: SamplingParams | Mapping[str, Any] | None = None,
                  cancel: threading.Event | None = None) -> Iterator[Event]:
@@ -229,10 +236,10 @@ class Engine:
 
     def _stream(self, prompt: list[int], prompt_text: str, params: SamplingParams,
                 cancel: threading.Event | None, session: Session | None = None,
-                boundary: int | None = None, raw: bool = False) -> Iterator[Event]:
+                boundary: int | None = None, raw: bool = False, thinking: bool = True) -> Iterator[Event]:
         stats = GenerationStats()
-        decoder = StreamDecoder(self.tokenizer, skip_special_tokens=True)
-        splitter = _NoSplit() if raw else ThinkSplitter(in_thinking=prompt_text.rstrip("\n").endswith("<think>"))
+        # Think segments by token id (think_split.py); a raw completion has none.
+        splitter = _NoSplit(self.tokenizer) if raw else reply_splitter(self.tokenizer, prompt_text, thinking)
         text, reasoning = [], []
         last_stats = time.perf_counter()
         with self._exclusive():
@@ -248,13 +255,13 @@ class Engine:
                     generated.append(token)
                     if token in self.eos_ids:
                         continue
-                    for kind, piece in splitter.push(decoder.push(token)):
+                    for kind, piece in splitter.push(token):
                         (reasoning if kind == "reasoning" else text).append(piece)
                         yield ReasoningDelta(piece) if kind == "reasoning" else TokenDelta(piece)
                     if time.perf_counter() - last_stats > _STATS_EVERY_S:
                         last_stats = time.perf_counter()
                         yield Stats(self._live_stats(stats))
-                for kind, piece in splitter.push(decoder.flush()) + splitter.flush():
+                for kind, piece in splitter.flush():
                     (reasoning if kind == "reasoning" else text).append(piece)
                     yield ReasoningDelta(piece) if kind == "reasoning" else TokenDelta(piece)
                 if session is not None:
@@ -322,11 +329,16 @@ class Engine:
 class _NoSplit:
     """A raw completion has no thinking part: every piece is content."""
 
-    def push(self, piece: str) -> list[tuple[str, str]]:
+    def __init__(self, tokenizer: ChatTokenizer):
+        self._decoder = StreamDecoder(tokenizer, skip_special_tokens=True)
+
+    def push(self, token_id: int) -> list[tuple[str, str]]:
+        piece = self._decoder.push(token_id)
         return [("content", piece)] if piece else []
 
     def flush(self) -> list[tuple[str, str]]:
-        return []
+        piece = self._decoder.flush()
+        return [("content", piece)] if piece else []
 
 
 class _Release:

@@ -222,6 +222,11 @@ class ChatTokenizer:
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
 
+    def added_token_id(self, content: str) -> int | None:
+        """The id of `content` when it is one of the tokenizer's own added tokens (special or not), else None."""
+        token_id = self._tok.token_to_id(content)
+        return token_id if token_id in self._added_ids else None
+
     # Ids of the tokens the chat loop looks for; None where the vocabulary lacks one.
     im_start_id = property(lambda self: self.token_id(IM_START))
     im_end_id = property(lambda self: self.token_id(IM_END))
@@ -281,13 +286,15 @@ class StreamDecoder:
     character until its last byte comes and replaces invalid sequences the way a full decode does.
     """
 
-    def __init__(self, tokenizer: ChatTokenizer, *, skip_special_tokens: bool = False) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, *, skip_special_tokens: bool = False,
+                 keep: frozenset[int] | set[int] = frozenset()) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
+        self._keep = frozenset(keep)  # special tokens decoded as text all the same (the think tags)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token_id: int) -> str:
-        if self._skip_special and self._tokenizer.is_special(token_id):
+        if self._skip_special and token_id not in self._keep and self._tokenizer.is_special(token_id):
             return ""
         return self._utf8.decode(self._tokenizer.token_bytes(token_id))
 
@@ -306,15 +313,17 @@ class ThinkSplitter:
 
     _OPEN, _CLOSE = THINK_START, THINK_END
 
-    def __init__(self, in_thinking: bool) -> None:
+    def __init__(self, in_thinking: bool, opens: bool = True) -> None:
+        """`opens`: whether a <think> in the answer opens a reasoning segment (False: it is answer text)."""
         self._reasoning = in_thinking
+        self._opens = opens
         self._buf = ""
         self._separator = 0  # newlines still to drop right after a tag
 
     def push(self, text: str) -> list[tuple[str, str]]:
         self._buf += text
         out: list[tuple[str, str]] = []
-        while self._drop_separator():
+        while self._drop_separator() and (self._reasoning or self._opens):
             tag = self._CLOSE if self._reasoning else self._OPEN
             at = self._buf.find(tag)
             if at < 0:
@@ -349,7 +358,9 @@ class ThinkSplitter:
 
     def _held_back(self) -> int:
         """Length of the longest buffer suffix that may still grow into the tag we are watching for."""
-        tails = ("\n" + self._CLOSE, self._CLOSE) if self._reasoning else (self._OPEN,)
+        tails = ("\n" + self._CLOSE, self._CLOSE) if self._reasoning else (self._OPEN,) if self._opens else ()
+        if not tails:
+            return 0
         for n in range(min(len(self._buf), max(map(len, tails)) - 1), 0, -1):
             if any(t.startswith(self._buf[-n:]) for t in tails):
                 return n

@@ -56,3 +56,30 @@ async def test_chat_with_the_demo_model_on_cpu(tmp_path, monkeypatch):
         assert replies(app)[-1].text == last.text
         line = str(app.status.render())
         assert line.startswith("ready") and "tok/s" in line and f"/{backend._engine.max_context}" in line
+
+
+async def test_context_overflow_on_the_demo_model(tmp_path, monkeypatch):
+    """The real engine and tokenizer: a conversation past a small context keeps working, trimmed by the engine's
+    own count; a message longer than the context is refused and the next one works."""
+    monkeypatch.setenv("QWENLOCAL_HOME", str(tmp_path / "home"))
+    backend = EngineBackend(None, device="cpu", options={"max_context": 256})
+    app, seen = make_app(tmp_path, backend, sampling={"seed": 1, "max_tokens": 8}, thinking=False), []
+    async with app.run_test(size=(100, 30), message_hook=seen.append) as pilot:
+        await wait_ready(pilot, timeout=120)
+        assert backend.context_limit == 256
+        for turn in range(5):
+            await send(pilot, " ".join(f"word{turn}x{i}" for i in range(12)))
+            await wait_turn(pilot, timeout=60)
+            assert app.conv.messages[-1].finish_reason in ("stop", "length"), app.conv.messages[-1]
+        trims = [m for m in seen if isinstance(m, msg.ContextTrimmed)]
+        assert trims and trims[-1].tokens + 64 <= 256
+        assert list(app.view.query(".context-note"))
+        assert len(app.conv.messages) == 10  # the saved conversation keeps every turn
+        await send(pilot, " ".join(f"long{i}" for i in range(300)))
+        await wait_turn(pilot, timeout=60)
+        assert app.conv.messages[-1].finish_reason == "refused"
+        failed = [m for m in seen if isinstance(m, msg.ReplyFailed)][-1]
+        assert "context limit is 256 tokens" in failed.message
+        await send(pilot, "short")
+        await wait_turn(pilot, timeout=60)
+        assert app.conv.messages[-1].finish_reason in ("stop", "length")

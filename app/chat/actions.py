@@ -17,6 +17,8 @@ from .settings import describe, parse_assignments
 from .store import export_transcript
 from .widgets import AssistantMessage, UserMessage
 
+QUIT_WAIT_S = 2.0  # Ctrl+Q mid-reply: how long the stopped turn may take to hand back its reply
+
 _ON, _OFF = {"on", "true", "yes", "1"}, {"off", "false", "no", "0"}
 
 
@@ -52,13 +54,17 @@ class ChatActions:
             self.drop_reply()
         del self.conv.messages[n:]
         widgets = list(self.view.query(".message"))
-        await self.view.remove_children(widgets[n:])
+        # The context notes of the turns removed go with them (a note sits just before its turn's reply).
+        first = self.view.children.index(widgets[n - 1]) + 1 if 0 < n <= len(widgets) else 0
+        notes = [w for w in self.view.query(".context-note") if self.view.children.index(w) >= first]
+        self._left_out = 0
+        await self.view.remove_children(widgets[n:] + notes)
 
     async def action_new_chat(self) -> None:
         await self._rewind(0)
         self.conv = Conversation(model=self.conv.model, system=self.system)
         self.status.reset_turn()
-        self.status.show(state="ready" if self.ready else "loading")
+        self.status.show({"prompt_tokens": 0, "completion_tokens": 0}, state="ready" if self.ready else "loading")
         self.prompt.focus()
 
     async def action_regenerate(self) -> None:
@@ -88,7 +94,47 @@ class ChatActions:
         self.push_screen(TextEditModal("Edit your last message", self.conv.messages[idx].content,
                                        "Ctrl+S re-runs the turn from this message · Esc cancels"), apply)
 
+    # ----- quitting -----
+    async def action_quit(self) -> None:
+        """Ctrl+Q: a reply in flight is stopped and saved as cancelled first, as Esc would leave it."""
+        if not self.generating:
+            self.exit()
+            return
+        self._quitting = True
+        self.stop_generation()
+        # The stopped turn's ReplyDone saves it and exits (on_reply_done); a backend stuck in a step is not
+        # waited for beyond QUIT_WAIT_S: what is on screen is saved then.
+        self.set_timer(QUIT_WAIT_S, self._quit_now)
+
+    def _quit_now(self) -> None:
+        self.save_partial_reply()
+        self.exit()
+
+    def save_partial_reply(self) -> None:
+        """Keep the reply in flight (what it streamed so far) in the conversation as cancelled, and save."""
+        reply = self._reply
+        if not self.generating or reply is None:
+            return
+        self._turn_id += 1  # the stopped turn's last messages are not applied twice
+        self.conv.add("assistant", reply.text, reasoning=reply.reasoning, finish_reason="cancelled")
+        self.generating, self._reply = False, None
+        self.save_conversation()
+
     # ----- settings -----
+    def show_banner(self) -> None:
+        """The model, the plan, the keys, and the system prompt in force (F4 sets it)."""
+        system = " ".join(self.system.split())
+        if len(system) > 160:
+            system = system[:159] + "…"
+        self.banner.update(self._banner_text + (f"\nSystem prompt: {system}" if system else ""))
+
+    def sampling_defaults(self) -> dict:
+        """The backend's own sampling values (what an empty field means), where it tells them."""
+        try:
+            return dict(getattr(self.backend, "sampling_defaults", None) or {})
+        except Exception:  # a backend that cannot tell: the dialog says "model default"
+            return {}
+
     async def slash_system(self, arg: str) -> None:
         self._set_system(arg)
 
@@ -100,6 +146,7 @@ class ChatActions:
         if text is None:
             return
         self.system = self.conv.system = text.strip()
+        self.show_banner()
         self.notify("System prompt set." if self.system else "System prompt cleared.")
         self.save_conversation()
 
@@ -110,7 +157,7 @@ class ChatActions:
             self.notify(str(exc), severity="error")
 
     def action_sampling(self) -> None:
-        self.push_screen(SamplingModal(self.sampling), self._apply_sampling)
+        self.push_screen(SamplingModal(self.sampling, self.sampling_defaults()), self._apply_sampling)
 
     def _apply_sampling(self, values: dict | None) -> None:
         if values is None:
@@ -190,6 +237,9 @@ class ChatActions:
             UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content, m.reasoning, m.finish_reason)
             for m in conv.messages])
         self.view.scroll_end(animate=False)
+        self.show_banner()
+        self.status.reset_turn()
+        self.status.show(self._context_now())
         self.notify(f"Opened “{conv.title or conv.id}”.")
 
     # ----- information -----

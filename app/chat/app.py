@@ -25,6 +25,7 @@ from . import messages as msg
 from .actions import ChatActions
 from .backend import ChatBackend, explain_load_error
 from .commands import ChatCommandsProvider
+from .context import ContextTooLong, fit_to_context
 from .conversation import Conversation
 from .modals import ErrorModal
 from .panels import LoadingScreen
@@ -109,6 +110,9 @@ class ChatApp(ChatActions, App[int]):
         self.generating = False
         self.load_error: str | None = None
         self._turn_id = 0
+        self._quitting = False
+        self._banner_text = ""
+        self._left_out = 0  # the oldest turns the last trimmed turn left out (its note is shown once per count)
         self._cancel = threading.Event()
         self._turn_done = threading.Event()
         self._turn_done.set()  # no turn is running yet
@@ -187,8 +191,9 @@ class ChatApp(ChatActions, App[int]):
         self.status.set_plan(m.plan)
         self.status.show(self.backend.stats(), state="ready")
         self._gc_checkpoint()
-        self.banner.update(f"Model: {m.label}\n{plan_summary(m.plan)}"
-                           "Enter sends · Ctrl+J newline · Esc stops · F1 help · Ctrl+P commands")
+        self._banner_text = (f"Model: {m.label}\n{plan_summary(m.plan)}"
+                             "Enter sends · Ctrl+J newline · Esc stops · F1 help · Ctrl+P commands")
+        self.show_banner()
         self.prompt.focus()
 
     def on_load_failed(self, m: msg.LoadFailed) -> None:
@@ -197,6 +202,7 @@ class ChatApp(ChatActions, App[int]):
                          callback=lambda _: self.exit(return_code=1))
 
     def on_unmount(self) -> None:
+        self.save_partial_reply()  # the app closing with a reply in flight, however it closes
         self._cancel.set()
         self.backend.close()
         gc.set_threshold(*_GC_DEFAULT)  # the process (a test run, say) outlives the app: leave GC as it was
@@ -250,6 +256,11 @@ class ChatApp(ChatActions, App[int]):
                   reuse_prefix: int) -> None:
         post = self.post_message
         try:
+            try:
+                messages, reuse_prefix = self._fit(turn_id, messages, thinking, reuse_prefix)
+            except ContextTooLong as exc:
+                post(msg.ReplyFailed(turn_id, str(exc), "ContextLimitError"))
+                return
             # A stopped turn may still be inside its last decode step; the engine runs one request at a time.
             prev_done.wait()
             for ev in self.backend.start_turn(messages, sampling, thinking, cancel, reuse_prefix):
@@ -273,6 +284,30 @@ class ChatApp(ChatActions, App[int]):
         finally:
             done.set()
 
+    def _fit(self, turn_id: int, messages: list[dict], thinking: bool, reuse_prefix: int) -> tuple[list[dict], int]:
+        """On the worker thread: leave the oldest turns out of what is sent when the prompt would not fit."""
+        count = getattr(self.backend, "count_tokens", None)
+        limit = getattr(self.backend, "context_limit", None)
+        tokens = count(messages, thinking) if count is not None and limit else None
+        if tokens is None:
+            return messages, reuse_prefix
+        fitted = fit_to_context(messages, lambda m: count(m, thinking), limit, tokens=tokens)
+        if fitted.dropped_turns:
+            self.post_message(msg.ContextTrimmed(turn_id, fitted.dropped_turns, fitted.tokens))
+            reuse_prefix = 0  # the history no longer starts where the backend's cached one does
+        return fitted.messages, reuse_prefix
+
+    def on_context_trimmed(self, m: msg.ContextTrimmed) -> None:
+        reply = self._current(m.turn_id)
+        if reply is None or m.dropped_turns == self._left_out:
+            return  # said already for this many
+        self._left_out = m.dropped_turns
+        turns = f"{m.dropped_turns} turn{'s' if m.dropped_turns != 1 else ''}"
+        note = Static(f"The conversation outgrew the context: the oldest {turns} are left out of what the model "
+                      f"sees ({m.tokens} tokens sent; the saved conversation keeps everything).",
+                      classes="context-note", markup=False)
+        self.view.mount(note, before=reply)
+
     def _current(self, turn_id: int) -> AssistantMessage | None:
         # Messages of a turn that was stopped and replaced (regenerate, new chat) are dropped here.
         return self._reply if turn_id == self._turn_id else None
@@ -293,16 +328,29 @@ class ChatApp(ChatActions, App[int]):
         await reply.finish(m.finish_reason)
         self.conv.add("assistant", m.text, reasoning=m.reasoning, finish_reason=m.finish_reason, stats=m.stats)
         self._end_turn("stopped" if m.finish_reason == "cancelled" else "ready", m.stats)
+        if self._quitting:
+            self.exit()
 
     async def on_reply_failed(self, m: msg.ReplyFailed) -> None:
         reply = self._current(m.turn_id)
         if reply is None:
             return
         await reply.finish("error", error=m.message)
-        # Kept (so the view and the history stay aligned) but never sent back to the model.
-        self.conv.add("assistant", reply.text, reasoning=reply.reasoning, finish_reason="error")
+        # Kept (so the view and the history stay aligned) but never sent back to the model; a message refused as
+        # too long for the context ("refused") is not sent again either (conversation.py).
+        reason = "refused" if m.kind == "ContextLimitError" else "error"
+        self.conv.add("assistant", reply.text, reasoning=reply.reasoning, finish_reason=reason)
         self.notify(m.message, title="Generation failed", severity="error", timeout=8)
-        self._end_turn("error", {})
+        self._end_turn("error", self._context_now())
+        if self._quitting:
+            self.exit()
+
+    def _context_now(self) -> dict:
+        """The status figures for what the next turn will send (after a refused message: without it)."""
+        count = getattr(self.backend, "count_tokens", None)
+        msgs = self.conv.engine_messages()
+        size = count(msgs, self.thinking) if count is not None and msgs else 0
+        return {"prompt_tokens": size or 0, "completion_tokens": 0}
 
     def _end_turn(self, state: str, stats: dict) -> None:
         self.drop_reply()

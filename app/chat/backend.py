@@ -53,6 +53,13 @@ class ChatBackend(Protocol):
         instead of prefilling the history again. Backends without snapshots ignore it.
         """
 
+    def count_tokens(self, messages: Sequence[Mapping[str, str]], enable_thinking: bool) -> int | None:
+        """The prompt these messages make, in tokens (None: this backend cannot tell; nothing is trimmed)."""
+
+    @property
+    def context_limit(self) -> int | None:
+        """The most tokens a prompt and its reply may hold (None: unknown)."""
+
     def stats(self) -> dict:
         """Counters (tok/s, TTFT, context, expert hit rate, H2D GB/s, VRAM): whatever this backend knows."""
 
@@ -102,6 +109,22 @@ class EngineBackend:
             self._session = self._engine.new_session()
         return self._engine.chat(list(messages), dict(sampling), enable_thinking=enable_thinking, cancel=cancel,
                                  session=self._session)
+
+    def count_tokens(self, messages, enable_thinking):
+        return self._engine.count_tokens(list(messages), enable_thinking) if self._engine is not None else None
+
+    @property
+    def context_limit(self):
+        return self._engine.max_context if self._engine is not None else None
+
+    @property
+    def sampling_defaults(self) -> dict:
+        """The model's sampling values (its generation_config.json, else the engine's): what F5 shows as default."""
+        if self._engine is None:
+            return {}
+        d = self._engine.sampling_defaults
+        return {"temperature": d.temperature, "top_p": d.top_p, "top_k": d.top_k, "max_tokens": d.max_tokens,
+                "seed": d.seed}
 
     def stats(self) -> dict:
         return self._engine.stats() if self._engine is not None else {}

@@ -19,7 +19,7 @@ class ChatMessage:
     role: str  # "user" | "assistant"
     content: str
     reasoning: str = ""
-    finish_reason: str = ""  # assistant only: stop | length | cancelled | error | context
+    finish_reason: str = ""  # assistant only: stop | length | cancelled | error | context | refused
     stats: dict = field(default_factory=dict)
 
 
@@ -44,7 +44,11 @@ class Conversation:
     def engine_messages(self, upto: int | None = None) -> list[dict]:
         """The history the backend sees: system prompt first; past reasoning and failed replies are not sent."""
         out = [{"role": "system", "content": self.system}] if self.system else []
-        out += [{"role": m.role, "content": m.content} for m in self.messages[:upto] if m.finish_reason != "error"]
+        msgs = self.messages[:upto]
+        for i, m in enumerate(msgs):
+            refused = i + 1 < len(msgs) and msgs[i + 1].finish_reason == "refused"  # too long: never sent
+            if m.finish_reason not in ("error", "refused") and not refused:
+                out.append({"role": m.role, "content": m.content})
         return out
 
     def last_index(self, role: str) -> int | None:

@@ -30,6 +30,7 @@ class ScriptedReply:
     reasoning: str = ""
     error_after: int | None = None  # emit an EngineError after this many answer tokens
     error: str = "the scripted engine failed on purpose"
+    finish_reason: str = "stop"  # how it ends when not cancelled ("length": the token limit was reached)
 
 
 @dataclass
@@ -68,8 +69,11 @@ class ScriptedBackend:
         self._turns += 1
         self.calls.append({"messages": [dict(m) for m in messages], "sampling": dict(sampling),
                            "enable_thinking": enable_thinking, "reuse_prefix": reuse_prefix})
-        prompt_tokens = sum(len(split_tokens(m["content"])) + 4 for m in messages)
+        prompt_tokens = self.count_tokens(messages, enable_thinking)
         return self._stream(reply, enable_thinking, cancel, prompt_tokens)
+
+    def count_tokens(self, messages: Sequence[Mapping[str, str]], enable_thinking: bool) -> int:
+        return sum(len(split_tokens(m["content"])) + 4 for m in messages)
 
     def _stats(self, prompt_tokens: int, produced: int) -> dict:
         # Fixed figures, so snapshots do not depend on the machine's speed.
@@ -84,7 +88,7 @@ class ScriptedBackend:
         t0 = time.perf_counter()
         produced, delivered_after_cancel = 0, 0
         text, reasoning = [], []
-        finish = "stop"
+        finish = reply.finish_reason
         for i, (is_reasoning, piece) in enumerate(pieces):
             if self.hold_after is not None and i == self.hold_after:
                 self.holding.set()
@@ -113,6 +117,10 @@ class ScriptedBackend:
 
     def stats(self) -> dict:
         return self._stats(0, 0)
+
+    @property
+    def sampling_defaults(self) -> dict:
+        return {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 4096, "seed": None}
 
     @property
     def plan(self) -> dict:

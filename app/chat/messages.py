@@ -57,3 +57,11 @@ class ReplyFailed(Message):
     turn_id: int
     message: str
     kind: str
+
+
+@dataclass
+class ContextTrimmed(Message):
+    """The oldest turns were left out of what this turn sends (the saved conversation keeps them)."""
+    turn_id: int
+    dropped_turns: int
+    tokens: int

@@ -78,9 +78,10 @@ class SamplingModal(ModalScreen[dict | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="modal.cancel")]
 
-    def __init__(self, current: dict):
+    def __init__(self, current: dict, defaults: dict | None = None):
         super().__init__(classes="modal")
         self.current = current
+        self.defaults = defaults or {}  # the model's own values, shown where nothing is set
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog") as box:
@@ -89,7 +90,9 @@ class SamplingModal(ModalScreen[dict | None]):
                 value = self.current.get(key)
                 with Horizontal(classes="field"):
                     yield Label(key, classes="field-label")
-                    yield Input("" if value is None else str(value), placeholder="model default", id=key, compact=True)
+                    default = self.defaults.get(key)
+                    hint = "model default" + ("" if default is None else f": {default}")
+                    yield Input("" if value is None else str(value), placeholder=hint, id=key, compact=True)
             yield Static("", id="sampling-error", classes="error-message", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Apply", variant="primary", id="apply", compact=True)

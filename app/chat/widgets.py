@@ -45,7 +45,14 @@ FLUSH_MAX_S = 0.25
 TYPING_S = 0.4
 TYPING_MAX_S = 0.5
 _FINISH_NOTES = {"length": "stopped at the max-tokens limit", "cancelled": "stopped",
-                 "context": "stopped: the context is full"}
+                 "context": "stopped: the context is full",
+                 "refused": "not sent: longer than the whole context"}
+# A reply that ends inside its thinking has no answer to show: the note is then all it says.
+_THINKING_ONLY = {"length": "stopped while thinking: reached the token limit, before any answer",
+                  "cancelled": "cancelled while thinking, before any answer",
+                  "context": "stopped while thinking: the context is full, before any answer",
+                  "stop": "the model ended its reply while thinking, without an answer",
+                  "error": "failed while thinking"}
 
 
 class UserMessage(Static):
@@ -285,4 +292,9 @@ class AssistantMessage(Vertical):
             meta.set_class(bool(self.error), "error")
 
     def _note(self) -> str:
+        if self.streaming:
+            return ""
+        if self.reasoning and not self.text.strip():  # it ended before any answer: say so, and why
+            return _THINKING_ONLY.get(self.finish_reason, "ended while thinking, before any answer") + (
+                f": {self.error}" if self.error else "")
         return f"error: {self.error}" if self.error else _FINISH_NOTES.get(self.finish_reason, "")
