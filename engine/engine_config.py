@@ -24,6 +24,15 @@ OPTION_DECISIONS = {"prefill_chunk": "prefill_chunk", "prefill_mode": "prefill_m
                     "threads": "threads"}
 
 
+def decisions_dict(decided) -> dict[str, Any]:
+    """A Plan or EngineConfig as JSON-ready data: its values, the VRAM breakdown, reasons and overrides."""
+    out = {k: v for k, v in asdict(decided).items() if k not in ("reasons", "overridden", "vram")}
+    out["vram"] = asdict(decided.vram) if decided.vram else None
+    out["reasons"] = dict(decided.reasons)
+    out["overridden"] = sorted(decided.overridden)
+    return out
+
+
 @dataclass(frozen=True)
 class Software:
     """Which optional kernel packages this process can use (the engine imports them to be sure)."""
@@ -125,8 +134,4 @@ class EngineConfig:
                 f"context {self.max_context:,}" + (f" · {self.threads} threads" if self.threads else ""))
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("reasons", "overridden", "vram")}
-        out["vram"] = asdict(self.vram) if self.vram else None
-        out["reasons"] = dict(self.reasons)
-        out["overridden"] = sorted(self.overridden)
-        return out
+        return decisions_dict(self)

@@ -31,6 +31,7 @@ from .errors import FeatureUnavailableError, OptionError, ResourceError
 from .memory import (BORROW_STREAM_MIN_LAYERS, GIB, KV_SHARE, MIB, MIN_AUTO_CONTEXT, VRAM_MARGIN,  # noqa: F401
                      WORKSPACE_BASE, WORKSPACE_PER_CHUNK_TOKEN, ModelFacts, VramBudget, auto_context, auto_vram_budget,
                      capped_budget, gib as _gib, pow2_floor as _pow2_floor, slot_fit, workspace_bytes)
+from .engine_config import decisions_dict
 from .options import EngineOptions
 
 if TYPE_CHECKING:
@@ -109,11 +110,7 @@ class Plan:
                 f"graphs {'on' if self.cuda_graphs else 'off'}")
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("reasons", "overridden", "vram")}
-        out["vram"] = asdict(self.vram) if self.vram else None
-        out["reasons"] = dict(self.reasons)
-        out["overridden"] = sorted(self.overridden)
-        return out
+        return decisions_dict(self)
 
 
 class _Decisions:
