@@ -70,6 +70,10 @@ if [ "${PROBE:-0}" = 1 ]; then
 fi
 
 if [ "${KCACHE_SAVE:-1}" = 1 ]; then
+  # Triton needs only each kernel's .cubin and .json (its group file drops missing children): the IR stages
+  # are ~3/4 of the packed size. FlashInfer's .o files stay (ninja rebuilds a .so whose objects are missing).
+  find "$KCACHE/triton" -type f \( -name '*.ptx' -o -name '*.llir' -o -name '*.ttir' -o -name '*.ttgir' \
+    -o -name '*.source' \) -delete 2>/dev/null
   (cd "$KCACHE" && tar --exclude=.restored -czf - . | split -b 15m -d - "$OUT/kcache.tgz.")
   echo "kernel caches packed: $(ls "$OUT"/kcache.tgz.* | wc -l) piece(s), $(du -ch "$OUT"/kcache.tgz.* | tail -1 | cut -f1)"
 fi

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Batch-1 decode attention at the model's geometry (16 q heads, 2 KV heads, head_dim 256, bf16, pages of 16):
+FlashInfer's CUDA-core decode kernel (what the engine runs) against its tensor-core path (use_tensor_cores=True,
+the fa2 prefill kernel for one query), timed (a benchmark, not a test). Prints a table.
+
+Each row: microseconds per call (a CUDA graph of --inner calls, each on its own KV cache so that the 50 MB L2
+does not hold the pages between calls; median over --repeat replays), the KV bytes one call must read, GB/s,
+and the max difference to the CUDA-core output (0 means byte-equal).
+
+    python scripts/bench_attention_decode.py [--lengths 16384,120000]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+
+import torch
+
+HEADS, KV_HEADS, HEAD_DIM, PAGE = 16, 2, 256, 16
+
+
+def wrapper(flashinfer, kv_pages: int, tensor_cores: bool):
+    indptr = torch.zeros(2, dtype=torch.int32, device="cuda")
+    indices = torch.arange(kv_pages, dtype=torch.int32, device="cuda")
+    last = torch.zeros(1, dtype=torch.int32, device="cuda")
+    return flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), indptr, indices, last, kv_layout="NHD",
+        use_tensor_cores=tensor_cores)
+
+
+def main() -> None:
+    import flashinfer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", default="16384,120000")
+    ap.add_argument("--inner", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=30)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    print(f"{'kv_len':>7} {'kernel':12} {'us/call':>8} {'MB':>7} {'GB/s':>7} {'max diff':>9}")
+    for kv_len in (int(s) for s in args.lengths.split(",")):
+        pages = math.ceil(kv_len / PAGE)
+        caches = [(torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16),
+                   torch.randn(pages, PAGE, KV_HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16))
+                  for _ in range(args.inner)]
+        q = torch.randn(1, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16)
+        mb = 2 * kv_len * KV_HEADS * HEAD_DIM * 2 / 1e6
+        baseline = None
+        for name, tc in (("cuda-core", False), ("tensor-core", True)):
+            w = wrapper(flashinfer, pages, tc)
+            w.plan(torch.tensor([0, pages], dtype=torch.int32), torch.arange(pages, dtype=torch.int32),
+                   torch.tensor([kv_len - (pages - 1) * PAGE], dtype=torch.int32), HEADS, KV_HEADS, HEAD_DIM,
+                   PAGE, pos_encoding_mode="NONE", q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+            outs = [w.run(q, kv) for kv in caches]  # warm-up (JIT)
+            torch.cuda.synchronize()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+                outs = [w.run(q, kv) for kv in caches]
+            times = []
+            for _ in range(args.repeat):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                graph.replay()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) * 1e3 / args.inner)
+            us = statistics.median(times)
+            out = outs[0].float()
+            diff = 0.0 if baseline is None else (out - baseline).abs().max().item()
+            baseline = out if baseline is None else baseline
+            print(f"{kv_len:>7} {name:12} {us:8.1f} {mb:7.1f} {mb * 1e-3 / (us * 1e-6):7.0f} {diff:9.2e}")
+
+
+if __name__ == "__main__":
+    main()
