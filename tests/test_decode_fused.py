@@ -52,7 +52,9 @@ def test_fused_decode_matches_the_unfused_step_on_a_quantized_checkpoint(quantiz
 
 
 def test_fused_decode_matches_with_offloaded_experts_and_the_shared_expert_apart(quantized_ckpt):
-    _check(quantized_ckpt, steps=2, split="copy-side", expert_slots=12)
+    """Also under a benchmark routing trace: the fused step gathers every layer's trace row in one launch
+    (RoutingTrace.one_token_ids), the unfused one per layer; the same ids either way."""
+    _check(quantized_ckpt, steps=2, split="copy-side", expert_slots=12, routing={"seed": 5, "length": 7})
 
 
 def test_fused_decode_matches_on_a_bf16_checkpoint(tiny_ckpt):

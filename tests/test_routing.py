@@ -95,6 +95,8 @@ def test_replayer_ids_advance_and_wrap_around_like_host_slicing():
             got = rt.ids(layer, n)
             assert got.shape == (n, 4) and got.dtype == torch.long
             assert torch.equal(got, trace[rows, layer])
+        one = rt.one_token_ids()  # the fused decode step's gather: every layer's next row at once
+        assert one.shape == (6, 1, 4) and all(torch.equal(one[layer], rt.ids(layer, 1)) for layer in range(6))
         rt.advance(n)
         expect = (expect + n) % 10
         assert int(rt.position) == expect

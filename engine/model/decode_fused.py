@@ -89,7 +89,9 @@ def _nvfp4_shared(moe: "SparseMoE") -> bool:
             and moe.shared[0].out_features == moe.inter)
 
 
-def moe_decode(moe: "SparseMoE", h: torch.Tensor) -> torch.Tensor:
+def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """trace_ids: this layer's row of a benchmark routing trace (RoutingTrace.one_token_ids), replacing the
+    router's ids (its weights are kept)."""
     gates = [moe.router_w, moe.shared_gate]
     # Logits in the compute dtype, as the unfused router's F.linear gives them (top-k then agrees on near-ties).
     if _format(gates[0]) == _format(gates[1]):  # always so in the known checkpoints (both BF16): one launch
@@ -97,7 +99,9 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor) -> torch.Tensor:
     else:
         router_logits = torch.cat(project(h, gates), dim=-1)
     weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
-    if moe.routing is not None:
+    if trace_ids is not None:
+        ids = trace_ids
+    elif moe.routing is not None:
         ids = moe.routing.ids(moe.layer, 1)
     slots, expert_weights, copy = moe.experts.for_decode(ids)
     cfg_h, cfg_i = moe.hidden, moe.inter
@@ -134,6 +138,8 @@ def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor,
     eps = model.cfg.rms_norm_eps
     x = model.embed_ids(ids)
     delta = None
+    trace = getattr(model, "routing", None)
+    trace_ids = trace.one_token_ids() if trace is not None else None
     for layer in model.layers:
         x, h = add_rms_norm(x, delta, layer.input_norm, eps)
         if layer.is_attention:
@@ -141,7 +147,7 @@ def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor,
         else:
             mixed = gdn_decode(layer.mixer, h, state)
         x, h = add_rms_norm(x, mixed, layer.post_norm, eps)
-        delta = moe_decode(layer.moe, h)
+        delta = moe_decode(layer.moe, h, trace_ids[layer.moe.layer] if trace_ids is not None else None)
     return add_rms_norm(x, delta, model.norm, eps)[1]
 
 

@@ -203,6 +203,11 @@ class RoutingTrace:
         rows = torch.remainder(self.position + steps, self.length)
         return self.by_layer[layer].index_select(0, rows)
 
+    def one_token_ids(self) -> torch.Tensor:
+        """The next row of every layer at once -> LongTensor [layers, 1, top_k]: ids(l, 1) for each l in one
+        gather (the fused decode step: one kernel per token instead of three per layer)."""
+        return self.by_layer.index_select(1, self.position)  # position stays in [0, length) (advance wraps)
+
     def advance(self, num_tokens: int) -> None:
         """Move past the rows the forward just used (in place: a captured graph sees the new value)."""
         self.position.add_(num_tokens).remainder_(self.length)
