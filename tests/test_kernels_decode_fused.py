@@ -217,6 +217,32 @@ def test_attention_prologue_reads_the_position_on_the_device(nan_empty):
     assert_close(second, ref, torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads, kvh, hd, rd", [(3, 1, 40, 10), (4, 2, 64, 16)])
+def test_attention_prologue_writes_k_and_v_into_the_cache_row_of_the_position(heads, kvh, hd, rd, dtype,
+                                                                               nan_empty):
+    """kv_cache: the step's KV write done by the prologue. Row `position` holds exactly the k and v the plain
+    prologue returns (the bytes index_copy would have written); every other row is untouched; q is the same."""
+    buf, q_gate, k, v, qw, kw = merged_projection(heads, kvh, hd, 21, dtype)
+    rows = 37
+    k_cache = rand(rows, kvh, hd, seed=5, dtype=dtype)
+    v_cache = rand(rows, kvh, hd, seed=6, dtype=dtype)
+    before = k_cache.clone(), v_cache.clone()
+    for p in (0, 17, rows - 1):
+        position = torch.tensor([p], device=DEVICE)
+        q, gate, k_rot, v_ref = attention_prologue(q_gate, k, v, qw, kw, position, EPS, heads, kvh, hd, rd, THETA)
+        q2, gate2, none_k, none_v = attention_prologue(q_gate, k, v, qw, kw, position, EPS, heads, kvh, hd, rd,
+                                                       THETA, kv_cache=(k_cache, v_cache))
+        assert none_k is None and none_v is None
+        assert torch.equal(q2, q) and torch.equal(gate2, gate)
+        assert torch.equal(k_cache[p], k_rot) and torch.equal(v_cache[p], v_ref)
+        others = [r for r in range(rows) if r not in (0, 17, rows - 1)]
+        assert torch.equal(k_cache[others], before[0][others]) and torch.equal(v_cache[others], before[1][others])
+    with pytest.raises(ValueError, match="k_cache must be"):
+        attention_prologue(q_gate, k, v, qw, kw, position, EPS, heads, kvh, hd, rd, THETA,
+                           kv_cache=(k_cache[:, :, :-1], v_cache))
+
+
 # ---- sigmoid_gate_mul --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -44,9 +44,14 @@ def _cos_sin(angle, LIBDEVICE: tl.constexpr):
 
 @triton.jit
 def attention_prologue_kernel(qg_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, inv_freq_ptr, pos_ptr, q_out, k_out, v_out,
-                              eps, NUM_HEADS, HEAD_DIM, ROTARY_DIM, COPY_V: tl.constexpr, NORM_ROUND: tl.constexpr,
-                              OUT_BF16: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK_D: tl.constexpr):
+                              eps, NUM_HEADS, HEAD_DIM, ROTARY_DIM, KV_ROW, COPY_V: tl.constexpr,
+                              NORM_ROUND: tl.constexpr, OUT_BF16: tl.constexpr, LIBDEVICE: tl.constexpr,
+                              BLOCK_D: tl.constexpr, KV_AT_POS: tl.constexpr):
+    """KV_AT_POS: k_out / v_out are KV caches of KV_ROW elements per position; k and v land in row `position`."""
     head = tl.program_id(0)
+    at = 0
+    if KV_AT_POS:
+        at = tl.load(pos_ptr).to(tl.int64) * KV_ROW
     if head < NUM_HEADS:  # a query head: the first half of its 2 * HEAD_DIM slice of q_proj's output
         src = qg_ptr + head * 2 * HEAD_DIM
         w_ptr = qw_ptr
@@ -55,11 +60,11 @@ def attention_prologue_kernel(qg_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, inv_freq_ptr
         kv = head - NUM_HEADS
         src = k_ptr + kv * HEAD_DIM
         w_ptr = kw_ptr
-        dst = k_out + kv * HEAD_DIM
+        dst = k_out + at + kv * HEAD_DIM
         if COPY_V:
             dims = tl.arange(0, BLOCK_D)
             v = tl.load(v_ptr + kv * HEAD_DIM + dims, mask=dims < HEAD_DIM, other=0.0).to(tl.float32)
-            _store_exact(v_out + kv * HEAD_DIM + dims, v, dims < HEAD_DIM, OUT_BF16)
+            _store_exact(v_out + at + kv * HEAD_DIM + dims, v, dims < HEAD_DIM, OUT_BF16)
     d = tl.arange(0, BLOCK_D)
     inside = d < HEAD_DIM
     x = tl.load(src + d, mask=inside, other=0.0).to(tl.float32)
@@ -92,7 +97,7 @@ def attention_prologue(q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
                        num_kv_heads: int, head_dim: int, rotary_dim: int, theta: float,
                        q_out: torch.Tensor | None = None, k_out: torch.Tensor | None = None,
                        v_out: torch.Tensor | None = None, *, dtype: torch.dtype | None = None,
-                       inv_freq: torch.Tensor | None = None, num_warps: int = 2):
+                       inv_freq: torch.Tensor | None = None, kv_cache: tuple | None = None, num_warps: int = 2):
     """One token. q_gate [heads * 2 * head_dim] (q_proj's output: per head the query, then the gate), k / v
     [kv_heads * head_dim]: contiguous views (any leading 1-dims), e.g. slices of one merged projection output;
     q_norm_w / k_norm_w [head_dim]; position int64 [1] on the device.
@@ -100,7 +105,11 @@ def attention_prologue(q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
     (default q_gate.dtype), q and k normed and rotated. gate is a view of q_gate (row stride 2 * head_dim, its
     dtype; sigmoid_gate_mul takes it as it is). v is a view of the input v unless v_out is given or the dtype
     differs (then the kernel copies it). q_out / k_out / v_out: [heads(kv_heads), head_dim] contiguous outputs.
-    inv_freq: fp32 [rotary_dim / 2], default rope_inv_freq(rotary_dim, theta, device). No host sync."""
+    inv_freq: fp32 [rotary_dim / 2], default rope_inv_freq(rotary_dim, theta, device). No host sync.
+    kv_cache: (k_cache, v_cache), each [positions, kv_heads, head_dim] contiguous in `dtype` (a paged cache's
+    pages seen as rows: FlashInferAttention.decode_rows): k and v are written at row `position` instead of
+    k_out / v_out (the KV write of the step, without its two index_copy kernels); k and v are then returned as
+    None."""
     dtype = dtype or (q_out.dtype if q_out is not None else q_gate.dtype)
     if rotary_dim % 2 or not 0 <= rotary_dim <= head_dim:
         raise ValueError(f"rotary_dim {rotary_dim} must be even and <= head_dim {head_dim}")
@@ -113,6 +122,9 @@ def attention_prologue(q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
     if inv_freq is None:
         inv_freq = rope_inv_freq(rotary_dim, float(theta), dev) if rotary_dim else position.new_zeros(1).float()
     q = torch.empty(num_heads, head_dim, device=dev, dtype=dtype) if q_out is None else q_out
+    if kv_cache is not None:
+        return _prologue_into_cache(q_gate, k, v, q_norm_w, k_norm_w, position, eps, num_heads, num_kv_heads,
+                                    head_dim, rotary_dim, inv_freq, q, kv_cache, dtype, num_warps)
     k_rot = torch.empty(num_kv_heads, head_dim, device=dev, dtype=dtype) if k_out is None else k_out
     copy_v = v_out is not None or v.dtype != dtype
     v_res = v_out if v_out is not None else (
@@ -122,11 +134,27 @@ def attention_prologue(q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
             raise ValueError(f"{name} must be [{heads}, {head_dim}] contiguous in {dtype}")
     attention_prologue_kernel[(num_heads + num_kv_heads,)](
         q_gate, k, v, q_norm_w, k_norm_w, inv_freq, position, exact_out(q), exact_out(k_rot), exact_out(v_res),
-        eps, num_heads, head_dim, rotary_dim, COPY_V=copy_v, NORM_ROUND=round_code(q_gate.dtype),
+        eps, num_heads, head_dim, rotary_dim, 0, COPY_V=copy_v, NORM_ROUND=round_code(q_gate.dtype),
         OUT_BF16=round_code(dtype) == 1, LIBDEVICE=dev.type == "cuda", BLOCK_D=triton.next_power_of_2(head_dim),
-        num_warps=num_warps)
+        KV_AT_POS=False, num_warps=num_warps)
     gate = q_gate.view(num_heads, 2 * head_dim)[:, head_dim:]
     return q, gate, k_rot, v_res
+
+
+def _prologue_into_cache(q_gate, k, v, q_norm_w, k_norm_w, position, eps, num_heads, num_kv_heads, head_dim,
+                         rotary_dim, inv_freq, q, kv_cache, dtype, num_warps):
+    k_cache, v_cache = kv_cache
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.dtype != dtype or c.dim() != 3 or c.shape[1:] != (num_kv_heads, head_dim) or not c.is_contiguous():
+            raise ValueError(f"{name} must be [positions, {num_kv_heads}, {head_dim}] contiguous in {dtype}, got "
+                             f"{c.dtype} {tuple(c.shape)}")
+    attention_prologue_kernel[(num_heads + num_kv_heads,)](
+        q_gate, k, v, q_norm_w, k_norm_w, inv_freq, position, exact_out(q), exact_out(k_cache),
+        exact_out(v_cache), eps, num_heads, head_dim, rotary_dim, num_kv_heads * head_dim, COPY_V=True,
+        NORM_ROUND=round_code(q_gate.dtype), OUT_BF16=round_code(dtype) == 1, LIBDEVICE=q.device.type == "cuda",
+        BLOCK_D=triton.next_power_of_2(head_dim), KV_AT_POS=True, num_warps=num_warps)
+    gate = q_gate.view(num_heads, 2 * head_dim)[:, head_dim:]
+    return q, gate, None, None
 
 
 def attention_prologue_reference(q_gate, k, v, q_norm_w, k_norm_w, position, eps, num_heads, num_kv_heads,

@@ -131,3 +131,13 @@ class FlashInferAttention:
         kv.write(positions, k, v)
         wrapper = self.decode if decode else self.prefill
         return wrapper.run(q.contiguous(), (kv.k, kv.v))
+
+    @staticmethod
+    def decode_rows(kv: PagedKV) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pages as rows [positions, kv_heads, head_dim] (position p is row p: one sequence owns the pages
+        in order), for a decode step that writes its k and v itself (the fused attention prologue)."""
+        return kv.k.view(-1, *kv.k.shape[2:]), kv.v.view(-1, *kv.v.shape[2:])
+
+    def attend_written(self, kv: PagedKV, q: torch.Tensor) -> torch.Tensor:
+        """Decode attention over a cache that already holds this step's k and v (decode_rows)."""
+        return self.decode.run(q.contiguous(), (kv.k, kv.v))

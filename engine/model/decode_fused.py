@@ -75,11 +75,18 @@ def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.
     q_gate, k, v = project(h, [mixer.q_proj, mixer.k_proj, mixer.v_proj])
     if getattr(mixer, "inv_freq", None) is None:  # made on the first (eager) call, never inside a capture
         mixer.inv_freq = rope_inv_freq(a.rotary_dim, a.rope_theta, h.device)
+    kv, backend = state.kv[mixer.layer], mixer.backend
+    # A paged cache takes the step's k and v straight from the prologue (no index_copy kernels).
+    rows = backend.decode_rows(kv) if hasattr(backend, "decode_rows") else None
     q, gate, k, v = attention_prologue(q_gate[0], k[0], v[0], mixer.q_norm, mixer.k_norm, positions, mixer.eps,
                                        a.num_heads, a.num_kv_heads, a.head_dim, a.rotary_dim, a.rope_theta,
-                                       inv_freq=mixer.inv_freq)
-    out = mixer.backend.attend(state.kv[mixer.layer], q.view(1, *q.shape), k.view(1, *k.shape), v.view(1, *v.shape),
-                               positions, start, True).reshape(1, -1)
+                                       inv_freq=mixer.inv_freq, kv_cache=rows,
+                                       dtype=rows[0].dtype if rows is not None else None)
+    if rows is not None:
+        out = backend.attend_written(kv, q.view(1, *q.shape)).reshape(1, -1)
+    else:
+        out = backend.attend(kv, q.view(1, *q.shape), k.view(1, *k.shape), v.view(1, *v.shape), positions, start,
+                             True).reshape(1, -1)
     return gemv(sigmoid_gate_mul(out, gate, dest=out), mixer.o_proj)
 
 
