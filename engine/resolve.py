@@ -369,7 +369,7 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str,
     out: dict[str, tuple[str, str]] = {}
     fi_ok = model.attention_head_dim in FLASHINFER_HEAD_DIMS and dtype in ("bfloat16", "float16")
     if fi_ok and sw.flashinfer:
-        out["attention"] = ("flashinfer", "GPU: FlashInfer paged prefill and CUDA-graph decode")
+        out["attention"] = ("flashinfer", "GPU: FlashInfer paged prefill and CUDA-graph decode (tensor cores)")
     else:
         why = (f"FlashInfer has no kernels for head_dim {model.attention_head_dim} in {dtype}" if not fi_ok else
                "FlashInfer is not installed")

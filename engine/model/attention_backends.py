@@ -93,9 +93,12 @@ class FlashInferAttention:
         self._indptr = torch.zeros(2, dtype=torch.int32, device=device)
         self._indices = torch.arange(self.max_pages, dtype=torch.int32, device=device)
         self._last = torch.zeros(1, dtype=torch.int32, device=device)
+        # Tensor cores for decode: 8 query heads share each KV head (GQA), so one token's attention is a small
+        # matmul per KV head. Measured on the H200 (scripts/bench_attention_decode.py, docs/RESULTS.md): 23.9 vs
+        # 42.1 us at 16K and 74.9 vs 172.2 us at 120K against the CUDA-core decode kernel.
         self.decode = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
             torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device),
-            self._indptr, self._indices, self._last, kv_layout="NHD")
+            self._indptr, self._indices, self._last, kv_layout="NHD", use_tensor_cores=True)
         self._host_indices = torch.arange(self.max_pages, dtype=torch.int32)
         # Why: plan() writes its metadata into a pinned host buffer and copies it to the GPU asynchronously; a
         # second plan() before that copy ran would rewrite the bytes it is about to read (an illegal memory access
