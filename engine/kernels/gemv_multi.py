@@ -203,6 +203,10 @@ MAX_TILE_BYTES = 32 * 1024  # weight bytes per program and K block: <= 128 B (8 
 BYTES_PER_THREAD = 128
 MAX_BLOCK_K = 4096
 X_PER_THREAD = 64  # x values a thread keeps in registers (its columns of the K block); more warps across a row past it
+# FP8: 32 (two warps across a 2048 row). The H200 sweep (scripts/bench_gemv_multi.py, docs/RESULTS.md session 6):
+# in_proj_qkv+z 11.8 -> 10.9 us, attention q+k+v 10.5 -> 9.1 us with warps_k 2.
+X_PER_THREAD_FP8 = 32
+MAX_WARPS_K = 2
 CODES_PER_WORD = {FP8: 4, NVFP4: 16}  # an int32 word of 4 E4M3 codes; an int64 word of 16 E2M1 codes
 
 
@@ -215,7 +219,9 @@ def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2) -> GemvCo
     """The launch config, a pure function of (format, total rows, K): the whole row per program up to K 4096;
     the most rows per program that keeps >= TARGET_PROGRAMS programs (one row each where even that is too
     few: the small latency-bound linears) and a tile of <= MAX_TILE_BYTES; warps for ~BYTES_PER_THREAD each,
-    and 2 warps across a row where one would hold more than X_PER_THREAD x values a thread."""
+    and 2 warps across a row where one would hold more than X_PER_THREAD x values a thread (FP8: 32). A small
+    plain linear (fewer rows than TARGET_PROGRAMS: the router, in_proj_b+a) takes 2 rows and 2 warps a program
+    (2.6 -> 2.3 and 2.4 -> 2.1 us on the H200: latency-bound, more loads in flight per program)."""
     if fmt not in _FMT_ID:
         raise ValueError(f"no GEMV for format {fmt!r} (known: {', '.join(_FMT_ID)})")
     block_k = min(max(16, triton.next_power_of_2(k)), MAX_BLOCK_K)
@@ -224,7 +230,9 @@ def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2) -> GemvCo
     while (block_n < 32 and triton.cdiv(n_total, 2 * block_n) >= TARGET_PROGRAMS
            and 2 * block_n * tile_row <= MAX_TILE_BYTES):
         block_n *= 2
-    warps_k = max(1, block_k // (32 * X_PER_THREAD))
+    if fmt == DENSE and block_n == 1 and n_total >= 2 and triton.cdiv(n_total, 2) < TARGET_PROGRAMS:
+        block_n = 2
+    warps_k = max(1, min(MAX_WARPS_K, block_k // (32 * (X_PER_THREAD_FP8 if fmt == FP8 else X_PER_THREAD))))
     warps = warps_k
     while warps < min(8, block_n * warps_k) and 2 * warps * 32 * BYTES_PER_THREAD <= block_n * tile_row:
         warps *= 2
