@@ -90,6 +90,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None, help="graph replays per row (default 50; CPU 1)")
     ap.add_argument("--budget", type=float, default=240.0, help="start no grid config after this many seconds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grids", default="gate_up,down,parts",
+                    help="which sweeps to run: gate_up, down (expert_down), parts (expert_down_parts, the sum left "
+                         "to the next add_rms_norm: timed with and without that norm)")
     args = ap.parse_args()
     t_start = time.perf_counter()
     cuda = args.device == "cuda"
@@ -101,6 +104,8 @@ def main() -> int:
     from qwenlocal.engine.kernels.nvfp4_experts_decode import (
         expert_down, expert_down_reference, expert_gate_up, expert_gate_up_reference, nvfp4_moe_decode_fused,
     )
+    from qwenlocal.engine.kernels.decode_norm import add_rms_norm
+    from qwenlocal.engine.kernels.nvfp4_experts_parts import expert_down_parts, expert_down_parts_reference
     from qwenlocal.engine.kernels.nvfp4_grouped import random_nvfp4_rows
     from qwenlocal.engine.kernels.nvfp4_triton import nvfp4_gemv, nvfp4_moe_decode
 
@@ -169,6 +174,25 @@ def main() -> int:
         return expert_down(p["act"], p["w"], p["ids"], rows, h, i, p["shared"][2], p["scale"],
                            out_dtype=torch.float32, **cfg)
 
+    def parts(p, **cfg):
+        return expert_down_parts(p["act"], p["w"], p["ids"], rows, h, i, p["shared"][2], p["scale"], **cfg)
+
+    norm_w = torch.zeros(h, device=dev, dtype=dt)
+    resid = torch.randn(1, h, device=dev, generator=gen).to(dt)
+
+    def down_norm(p, **cfg):  # what the decode step runs: the down kernel, then the next residual add + norm
+        moe = expert_down(p["act"], p["w"], p["ids"], rows, h, i, p["shared"][2], p["scale"], out_dtype=dt, **cfg)
+        return add_rms_norm(resid, moe, norm_w, 1e-6)[0]
+
+    def parts_norm(p, **cfg):
+        return add_rms_norm(resid, parts(p, **cfg), norm_w, 1e-6)[0]
+
+    ref_parts = expert_down_parts_reference(p0["act"], p0["w"], p0["ids"], rows, h, i, p0["shared"][2], p0["scale"])
+    if cuda:
+        pa_grid = [dict(block_m=bm, num_warps=nw, x_split=xs)
+                   for bm, nw, xs in itertools.product((16, 8, 32, 64), (2, 1, 4), (True, False))]
+    else:
+        pa_grid = [dict(block_m=16), dict(block_m=32, x_split=False)]
     if cuda:
         gu_grid = [dict(block_n=bn, num_warps=nw, x_split=xs)
                    for bn, nw, xs in itertools.product((8, 4, 16, 2), (4, 8, 2), (True, False))]
@@ -185,8 +209,12 @@ def main() -> int:
     for grid in (gu_grid, dn_grid):  # the other decodes at the defaults ("asm" is the CUDA default)
         grid += [dict(decode="fp16"), dict(decode="exact")] if cuda else [dict(decode="exact")]
     best = {}
+    chosen = set(args.grids.split(","))
     for name, fn, grid, nbytes, ref in (("gate_up", gate_up, gu_grid, gu_bytes, p0["act"]),
-                                        ("down", down, dn_grid, dn_bytes, ref_out)):
+                                        ("down", down, dn_grid, dn_bytes, ref_out),
+                                        ("parts", parts, pa_grid, dn_bytes, ref_parts)):
+        if name not in chosen:
+            continue
         for n, cfg in enumerate(grid):
             if time.perf_counter() > t_start + args.budget:
                 print(f"# time budget: {len(grid) - n} {name} configs not tried", flush=True)
@@ -195,9 +223,16 @@ def main() -> int:
             if sec is not None and "decode" not in cfg and sec < best.get(name, (float("inf"),))[0]:
                 best[name] = (sec, cfg)
     print()
-    for name in ("gate_up", "down"):
+    for name in ("gate_up", "down", "parts"):
         if name in best:
             print(f"best {name}: {best[name][1]} {best[name][0] * 1e6:.2f} us")
+    if "parts" in best:  # the sum moved into the norm: compare the pair of kernels the step runs
+        ref_x = add_rms_norm(resid, ref_out.to(dt), norm_w, 1e-6)[0]
+        measure("expert_down (default) + add_rms_norm", down_norm, dn_bytes, ref_x)
+        if "down" in best:
+            measure("expert_down (best) + add_rms_norm", down_norm, dn_bytes, ref_x, **best["down"][1])
+        measure("expert_down_parts (best) + add_rms_norm of the parts", parts_norm, dn_bytes, ref_x,
+                **best["parts"][1])
     if len(best) == 2:
         measure("new, best configs (2 launches + gate)",
                 lambda p: new(p, best["gate_up"][1], best["down"][1]), gu_bytes + dn_bytes, ref_out)

@@ -46,13 +46,20 @@ def _round_as(value, ROUND: tl.constexpr):
 
 @triton.jit
 def add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, H, x_stride, delta_stride, new_x_stride,
-                        norm_stride, eps, HAS_DELTA: tl.constexpr, ROUND: tl.constexpr, BLOCK_H: tl.constexpr):
+                        norm_stride, eps, part_stride, HAS_DELTA: tl.constexpr, ROUND: tl.constexpr,
+                        BLOCK_H: tl.constexpr, PARTS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_DELTA:
-        x = _round_as(x + tl.load(delta_ptr + row * delta_stride + cols, mask=mask, other=0.0).to(tl.float32), ROUND)
+        d_ptrs = delta_ptr + row * delta_stride + cols
+        delta = tl.load(d_ptrs, mask=mask, other=0.0).to(tl.float32)
+        if PARTS > 0:  # the parts summed in order 0..PARTS-1, rounded once (as one module's output would be)
+            for p in tl.static_range(1, PARTS):
+                delta += tl.load(d_ptrs + p * part_stride, mask=mask, other=0.0).to(tl.float32)
+            delta = _round_as(delta, ROUND)
+        x = _round_as(x + delta, ROUND)
         _store_exact(new_x_ptr + row * new_x_stride + cols, x, mask, ROUND == 1)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
     scale = 1.0 + tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -70,13 +77,22 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     """x, delta [T, H] (rows with stride-1 columns), weight [H] -> (new_x, normed), both [T, H] in x.dtype:
     new_x = x + delta rounded to x.dtype (x itself, unwritten, when delta is None), normed =
     rms_norm_zero_centered(new_x, weight, eps). out_x may be x (in place) or delta; out_norm must not
-    overlap x or delta. H <= 8192 (one block per row). No host sync."""
+    overlap x or delta. H <= 8192 (one block per row). No host sync.
+    delta may also be parts [P, T, H] (e.g. fp32 expert partials, nvfp4_experts_parts): delta is then their sum
+    in order p = 0..P-1 in fp32, rounded to x.dtype, as the module they come from would have returned it."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"x must be [T, H] with stride-1 rows, got {tuple(x.shape)} strides {x.stride()}")
     t, h = x.shape
     if h > 8192:
         raise ValueError(f"add_rms_norm keeps a row in registers: H {h} > 8192")
-    if delta is not None and (delta.shape != x.shape or delta.stride(1) != 1):
+    parts, part_stride = 0, 0  # 0: a plain [T, H] delta
+    if delta is not None and delta.dim() == 3:
+        parts, part_stride = delta.shape[0], delta.stride(0)
+        if parts < 1 or delta.shape[1:] != x.shape or delta.stride(2) != 1:
+            raise ValueError(f"delta parts must be [P, T, H] with T, H like x {tuple(x.shape)} and stride-1 rows, "
+                             f"got {tuple(delta.shape)}")
+        delta = delta[0]
+    elif delta is not None and (delta.shape != x.shape or delta.stride(1) != 1):
         raise ValueError(f"delta must be [T, H] like x with stride-1 rows, got {tuple(delta.shape)}")
 
     def fresh():
@@ -91,13 +107,19 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     add_rms_norm_kernel[(t,)](
         x, x if delta is None else delta, weight, exact_out(new_x), exact_out(normed), h,
         x.stride(0), x.stride(0) if delta is None else delta.stride(0), new_x.stride(0), normed.stride(0), eps,
-        HAS_DELTA=delta is not None, ROUND=round_code(x.dtype), BLOCK_H=block_h,
+        part_stride, HAS_DELTA=delta is not None, ROUND=round_code(x.dtype), BLOCK_H=block_h, PARTS=parts,
         num_warps=num_warps or default_norm_warps(block_h))
     return new_x, normed
 
 
 def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """DecoderLayer.forward's `x = x + h` then rms_norm_zero_centered(x, w, eps)."""
+    """DecoderLayer.forward's `x = x + h` then rms_norm_zero_centered(x, w, eps); parts [P, T, H] summed in
+    order in fp32 and rounded to x.dtype first."""
+    if delta is not None and delta.dim() == 3:
+        total = delta[0].float()
+        for p in range(1, delta.shape[0]):
+            total = total + delta[p].float()
+        delta = total.to(x.dtype)
     new_x = x if delta is None else x + delta
     return new_x, rms_norm_zero_centered(new_x, weight, eps)
 

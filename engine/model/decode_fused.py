@@ -8,7 +8,8 @@ removes their CPU cost, not the 1-3 us each one takes on the GPU. Here one layer
   attention: q+k+v in one GEMV -> q/k RMSNorm + partial RoPE in one kernel -> FlashInfer decode -> sigmoid gate
              -> o_proj GEMV
   MoE:       router + shared-expert gate in one GEMV -> softmax/top-k/renormalise/sigmoid in one kernel ->
-             ensure (offloaded) -> routed experts + the shared expert over NVFP4 bytes in two kernels
+             ensure (offloaded) -> routed experts + the shared expert over NVFP4 bytes in two kernels (the
+             down one leaves a part per expert; the next residual add + RMSNorm sums them in order)
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
@@ -23,7 +24,8 @@ from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
 from ..kernels.gemv_multi import gemv, gemv_multi
-from ..kernels.nvfp4_experts_decode import expert_down, expert_gate_up, nvfp4_triples
+from ..kernels.nvfp4_experts_decode import expert_gate_up, nvfp4_triples
+from ..kernels.nvfp4_experts_parts import expert_down_parts
 from ..quant.linear import QuantLinear
 from ..quant.scheme import NVFP4
 from .ops import swiglu
@@ -116,14 +118,15 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None
         gate, up, down_extra = nvfp4_triples(*moe.shared)
         gate_up_extra = gate + up
         rows = expert_weights[0]
+        # The down projection leaves one fp32 part per expert ([k + 1, 1, H]); the next add_rms_norm sums them.
         if moe.overlap.split == "off":
             copy()
             act = expert_gate_up(h, slots, rows, cfg_h, cfg_i, extra=gate_up_extra)
-            return expert_down(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra, extra_scale=shared_scale,
-                               out_dtype=h.dtype)
+            return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
+                                     extra_scale=shared_scale)
         shared = moe.overlap.run(copy, lambda: _shared_alone(moe, h, shared_scale), h)
         act = expert_gate_up(h, slots, rows, cfg_h, cfg_i)
-        return expert_down(act, weights, slots, rows, cfg_h, cfg_i, addend=shared, out_dtype=h.dtype)
+        return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, addend=shared)
     # Dense experts (the BF16 checkpoint) or a dense shared expert: the fused router, then the unfused kernels.
     shared = moe.overlap.run(copy, lambda: shared_scale.to(h.dtype) * swiglu(h, *moe.shared), h)
     kernel = moe.kernels.experts_decode_nvfp4 if moe.experts.fmt == "nvfp4" else moe.kernels.experts_decode

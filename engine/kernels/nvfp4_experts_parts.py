@@ -1,0 +1,105 @@
+"""The batch-1 MoE down projection split over the experts: one program per (tile of H outputs, expert).
+
+Why: expert_down (nvfp4_experts_decode.py) gives each program a tile of outputs and loops over the k + 1
+experts inside it, so only H / block_m programs run (256 for the real geometry, 10 us best on the H200 for
+5.3 MB: ~0.5 TB/s). Here the grid is (H / block_m, k + 1): every expert's rows load at once across the GPU, and
+each program stores its expert's weighted partial, parts[j] = w_j * (down_j @ act[j]) (fp32 [k + 1, H]). The
+sum over the experts is left to the consumer, the next residual add + RMSNorm (decode_norm.add_rms_norm with a
+3-D delta), which adds the parts in the fixed order j = 0..k and rounds once: no atomics, no extra launch,
+deterministic, and the bytes do not depend on where a row lives (bank or slot).
+
+Row k of parts is the shared expert: its down projection times extra_scale (extra), or the given addend (the
+shared expert computed apart, beside the miss copy), or zeros.
+
+Reference: expert_down_parts_reference below (dequantize, then the plain fp32 math).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quant.formats import dequant_nvfp4
+from ..quant.nvfp4_rows import dequant_expert_rows
+from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, _rows_part
+
+
+@triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
+def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words,
+                             dn_at, dn_scale_at, glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr,
+                             K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
+                             HAS_ADDEND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
+                             MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
+                             GROUP_SCALES: tl.constexpr):
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    j = tl.program_id(1)  # 0..k-1 routed experts, k the shared one
+    mask_m = m < H
+    if j < K_ROUTED:
+        e = tl.load(ids_ptr + j).to(tl.int64)
+        base = words_ptr + e * row_words
+        scales = bytes_ptr + e * row_words * 4 + dn_scale_at
+        y, _ = _rows_part(base + dn_at, scales, base, scales, m, mask_m, I, act_ptr + j * I, False, BLOCK_G,
+                          MASKED, DECODE, X_SPLIT, GROUP_SCALES)
+        g_down = tl.load(base + glob_at + 2).to(tl.float32, bitcast=True) * 16384.0  # 2^14: the codes' scaling
+        out = tl.sum(y, axis=1) * (tl.load(wts_ptr + j).to(tl.float32) * g_down)
+    else:
+        out = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if HAS_EXTRA:
+            y, _ = _rows_part(xd_w, xd_s, xd_w, xd_s, m, mask_m, I, act_ptr + K_ROUTED * I, False, BLOCK_G, MASKED,
+                              DECODE, X_SPLIT, GROUP_SCALES)
+            y_scale = tl.load(xd_g) * 16384.0
+            if HAS_EXTRA_SCALE:
+                y_scale = tl.load(extra_scale_ptr).to(tl.float32) * y_scale
+            out = tl.sum(y, axis=1) * y_scale
+        if HAS_ADDEND:
+            out = tl.load(addend_ptr + m, mask=mask_m, other=0.0).to(tl.float32)
+    tl.store(parts_ptr + j * H + m, out, mask=mask_m)
+
+
+def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int,
+                      inter: int, extra: tuple | None = None, extra_scale: torch.Tensor | None = None,
+                      addend: torch.Tensor | None = None, out: torch.Tensor | None = None, *, block_m: int = 16,
+                      block_g: int | None = None, num_warps: int = 2, decode: str | None = None,
+                      x_split: bool = True, group_scales: bool = True) -> torch.Tensor:
+    """fp32 parts [k + 1, 1, H]: parts[j] = weights[0, j] * (down_j @ act[j]) for the row rows[ids[0, j]],
+    parts[k] = extra_scale * (down_extra @ act[k]) with extra = (down_packed, down_scale, down_scale2), or
+    addend [1, H] (any float dtype), or zeros. act fp32 [k (+1), I] (expert_gate_up's). One launch, grid
+    (H / block_m, k + 1). Summed in order by add_rms_norm (a 3-D delta)."""
+    if extra is not None and addend is not None:
+        raise ValueError("give the shared expert as extra (its down projection) or as addend, not both")
+    words = _check(rows, hidden, inter)
+    k = ids.shape[-1]
+    if out is None:
+        out = torch.empty(k + 1, 1, hidden, device=act.device, dtype=torch.float32)
+    if out.shape != (k + 1, 1, hidden) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be fp32 [{k + 1}, 1, {hidden}] contiguous")
+    down = _matrix(*extra) if extra is not None else (words, rows, act)
+    scale = extra_scale.reshape(-1) if extra_scale is not None else act
+    bg = _block_g(inter, block_g)
+    off = _row_offsets(hidden, inter)
+    expert_down_parts_kernel[(triton.cdiv(hidden, block_m), k + 1)](
+        act.contiguous(), weights.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out,
+        hidden, inter, words.stride(0), off["dn_at"], off["dn_scale_at"], off["glob_at"], *down, scale,
+        addend.reshape(-1).contiguous() if addend is not None else act,
+        K_ROUTED=k, HAS_EXTRA=extra is not None, HAS_EXTRA_SCALE=extra_scale is not None,
+        HAS_ADDEND=addend is not None, BLOCK_M=block_m, BLOCK_G=bg,
+        MASKED=hidden % block_m != 0 or (inter // 16) % bg != 0, DECODE=_decode(decode, rows), X_SPLIT=x_split,
+        GROUP_SCALES=group_scales, num_warps=num_warps)
+    return out
+
+
+def expert_down_parts_reference(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
+                                hidden: int, inter: int, extra: tuple | None = None,
+                                extra_scale: torch.Tensor | None = None,
+                                addend: torch.Tensor | None = None) -> torch.Tensor:
+    _, down = dequant_expert_rows(rows[ids.reshape(-1)], hidden, inter, torch.float32)
+    wts = weights.reshape(-1).float()
+    parts = [wts[j] * (down[j] @ act[j]) for j in range(ids.shape[-1])]
+    if extra is not None:
+        y = dequant_nvfp4(*extra) @ act[ids.shape[-1]]
+        parts.append(extra_scale.reshape(()).float() * y if extra_scale is not None else y)
+    elif addend is not None:
+        parts.append(addend.reshape(-1).float())
+    else:
+        parts.append(torch.zeros(hidden, device=act.device))
+    return torch.stack(parts)[:, None, :]

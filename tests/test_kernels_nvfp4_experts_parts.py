@@ -1,0 +1,118 @@
+"""The MoE down projection split over the experts (expert_down_parts) against its torch reference on awkward
+sizes, and its parts summed by add_rms_norm (a 3-D delta) against the model's sum: in Triton's interpreter on the
+CPU, natively on the GPU tier. Byte-equality of bank rows vs slot rows with another stride."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from qwenlocal.engine.kernels.decode_norm import add_rms_norm, add_rms_norm_reference  # noqa: E402
+from qwenlocal.engine.kernels.nvfp4_experts_decode import expert_down_reference  # noqa: E402
+from qwenlocal.engine.kernels.nvfp4_experts_parts import (  # noqa: E402
+    expert_down_parts, expert_down_parts_reference)
+from test_kernels_nvfp4_experts_decode import DEVICE, SIZES, _close, _dev, _problem  # noqa: E402
+
+CASES = [(False, False, False), (True, True, False), (True, False, False), (False, False, True)]
+CONFIGS = [dict(block_m=16), dict(block_m=32, block_g=2, x_split=False, group_scales=False),
+           dict(block_m=64, decode="exact")]
+
+
+@pytest.mark.parametrize("hidden, inter, experts, ids", SIZES)
+@pytest.mark.parametrize("with_extra, with_scale, with_addend", CASES)
+def test_parts_match_reference(hidden, inter, experts, ids, with_extra, with_scale, with_addend, nan_empty):
+    _, weights, ids_t, rows, shared, scale, addend = _problem(hidden, inter, experts, ids, inter + with_extra)
+    act = torch.randn(len(ids) + with_extra, inter, generator=torch.Generator().manual_seed(9))
+    kw = dict(extra=shared[2] if with_extra else None, extra_scale=scale if with_scale else None,
+              addend=addend if with_addend else None)
+    ref = expert_down_parts_reference(act, weights, ids_t, rows, hidden, inter, **kw)
+    assert ref.shape == (len(ids) + 1, 1, hidden)
+    dev_kw = {k: (_dev(v)[0] if v is not None else None) for k, v in kw.items()}
+    for cfg in CONFIGS:
+        parts = expert_down_parts(*_dev(act, weights, ids_t, rows), hidden, inter, **dev_kw, **cfg)
+        assert parts.shape == ref.shape and parts.dtype == torch.float32
+        _close(parts, ref)
+        if not with_extra and not with_addend:
+            assert torch.equal(parts[-1].cpu(), torch.zeros(1, hidden))
+        # summed in order, they are expert_down's output (which sums in another fixed order)
+        total = expert_down_reference(act, weights, ids_t, rows, hidden, inter, **kw, out_dtype=torch.float32)
+        _close(parts.sum(0), total)
+
+
+def test_bank_and_slot_rows_give_identical_parts(nan_empty):
+    """The same experts read from the bank and from a slot cache (other row stride, permuted slots)."""
+    hidden, inter, experts, ids = SIZES[0]
+    _, weights, ids_t, rows, shared, scale, _ = _problem(hidden, inter, experts, ids, 3)
+    act = torch.randn(len(ids) + 1, inter, generator=torch.Generator().manual_seed(2))
+    perm = torch.randperm(experts, generator=torch.Generator().manual_seed(1))
+    slots = torch.zeros(experts, rows.shape[1] + 12, dtype=torch.uint8)
+    slots[:, :rows.shape[1]] = rows[perm]
+    slot_of = torch.argsort(perm)
+    a = expert_down_parts(*_dev(act, weights, ids_t, rows), hidden, inter, _dev(shared[2])[0], _dev(scale)[0])
+    b = expert_down_parts(*_dev(act, weights, slot_of[ids_t], slots), hidden, inter, _dev(shared[2])[0],
+                          _dev(scale)[0])
+    assert torch.equal(a, b)
+
+
+def test_bad_arguments_are_refused():
+    hidden, inter, experts, ids = SIZES[0]
+    _, weights, ids_t, rows, shared, scale, addend = _problem(hidden, inter, experts, ids, 4)
+    act = torch.randn(len(ids) + 1, inter)
+    with pytest.raises(ValueError, match="not both"):
+        expert_down_parts(act, weights, ids_t, rows, hidden, inter, shared[2], addend=addend)
+    with pytest.raises(ValueError, match="out must be"):
+        expert_down_parts(act, weights, ids_t, rows, hidden, inter, out=torch.empty(len(ids), 1, hidden))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("parts_n, hidden", [(9, 2048), (1, 37), (4, 2051)])
+def test_add_rms_norm_sums_parts_in_order_and_rounds_once(parts_n, hidden, dtype, nan_empty):
+    gen = torch.Generator().manual_seed(parts_n + hidden)
+    x = torch.randn(1, hidden, generator=gen).to(dtype).to(DEVICE)
+    parts = torch.randn(parts_n, 1, hidden, generator=gen).to(DEVICE)  # fp32, as expert_down_parts gives them
+    w = (torch.randn(hidden, generator=gen) * 0.3).to(dtype).to(DEVICE)
+    new_x, normed = add_rms_norm(x, parts, w, 1e-6)
+    ref_x, ref_norm = add_rms_norm_reference(x, parts, w, 1e-6)
+    assert torch.equal(new_x, ref_x)  # the same fp32 sum in the same order, the same two roundings
+    torch.testing.assert_close(normed.float(), ref_norm.float(), rtol=2 ** -7, atol=1e-6)
+    total = parts[0].clone()
+    for p in range(1, parts_n):
+        total += parts[p]
+    assert torch.equal(ref_x, x + total.to(dtype))
+    with pytest.raises(ValueError, match="delta parts"):
+        add_rms_norm(x, parts[:, :, :-1], w, 1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_real_shape_parts_graph_replay_and_no_sync():
+    """At the real shape on the GPU: no host sync, CUDA-graph replay byte-equal to eager (the parts and their sum
+    by add_rms_norm), close to the reference."""
+    from qwenlocal.engine.kernels.nvfp4_grouped import random_nvfp4_rows
+    from qwenlocal.engine.quant.formats import quantize_nvfp4
+
+    h, i, e, k = 2048, 512, 16, 8
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bank = random_nvfp4_rows(e, h, i, "cuda", gen)
+    down = quantize_nvfp4(torch.randn(h, i, device="cuda", generator=gen) / i ** 0.5)
+    act = torch.randn(k + 1, i, device="cuda", generator=gen)
+    ids = torch.randperm(e, device="cuda", generator=gen)[:k][None]
+    w = torch.softmax(torch.randn(1, k, device="cuda", generator=gen), -1).to(torch.bfloat16)
+    scale = torch.sigmoid(torch.randn(1, device="cuda", generator=gen))
+    x = torch.randn(1, h, device="cuda", generator=gen).to(torch.bfloat16)
+    norm_w = torch.randn(h, device="cuda", generator=gen).to(torch.bfloat16) * 0.1
+
+    def step():
+        parts = expert_down_parts(act, w, ids, bank, h, i, down, scale)
+        return parts, add_rms_norm(x, parts, norm_w, 1e-6)
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        parts, (new_x, normed) = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    _close(parts, expert_down_parts_reference(act, w, ids, bank, h, i, down, scale), 2 ** -7)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_parts, (g_x, g_norm) = step()
+    graph.replay()
+    assert torch.equal(g_parts, parts) and torch.equal(g_x, new_x) and torch.equal(g_norm, normed)
