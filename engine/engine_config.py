@@ -78,7 +78,7 @@ class EngineConfig:
     attention: str  # "flashinfer" | "sdpa"
     gdn: str  # "fla" | "torch"
     moe: str  # "triton" | "torch"
-    decode: str  # "fused" | "reference"
+    decode: str  # "fused-pdl" | "fused" | "reference"
     cuda_graphs: bool  # the decode step replays one captured CUDA graph
     routing: str | None  # a synthetic routing trace (benchmarks), described; None = the model's router
     threads: int | None  # torch CPU threads, set at engine build on the CPU; None on a GPU (left as torch has it)

@@ -85,10 +85,10 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
                           slots=(facts.total_experts if slots is None else slots) * facts.expert_bytes,
                           stream=stream_buffer_bytes(facts, slots))
 
-    kernels = kernel_choices(model, dev, dt, opts.decode_kernels, sw)
+    kernels = kernel_choices(model, dev, dt, opts.decode_kernels, sw, _capability(profile) if dev == "cuda" else None)
     # The fused step runs the NVFP4 shared expert inside the routed experts' two kernels; apart from them (on
     # its stream beside the miss copy) it costs more launches than the copy it hides.
-    shared_in_experts = kernels["decode"][0] == "fused" and experts == "nvfp4" and linears == "native"
+    shared_in_experts = kernels["decode"][0] in ("fused", "fused-pdl") and experts == "nvfp4" and linears == "native"
     overlap = _overlap(opts, profile, dev, slots, d, shared_in_experts)
     mode, threshold = _prefill_mode(opts, profile, facts, dev, slots, chunk, d)
     _prefill_window(opts, mode, d)
@@ -355,11 +355,22 @@ def _slot_prefill(opts: EngineOptions, slots: int | None, d: _Decisions) -> int:
     return n
 
 
-def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str,
-                   sw: Software) -> dict[str, tuple[str, str]]:
-    """part -> (kernel name, reason) for attention, gdn, moe and the batch-1 decode step."""
+def _capability(profile) -> tuple[int, int] | None:
+    """The GPU's compute capability from the hardware profile ("9.0" -> (9, 0)); None where not probed."""
+    value = profile.value("compute_capability", None) if profile is not None else None
+    try:
+        major, minor = str(value).split(".")
+        return int(major), int(minor)
+    except (TypeError, ValueError):
+        return None
+
+
+def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, sw: Software,
+                   capability: tuple[int, int] | None = None) -> dict[str, tuple[str, str]]:
+    """part -> (kernel name, reason) for attention, gdn, moe and the batch-1 decode step. capability: the
+    GPU's compute capability (programmatic dependent launch needs sm_90+)."""
     if dev != "cuda":
-        if decode_kernels == "fused":
+        if decode_kernels in ("fused", "fused-plain"):
             raise OptionError("decode_kernels=fused needs a CUDA GPU with Triton; on the CPU use decode_kernels=auto "
                               "or reference")
         return {"attention": ("sdpa", "CPU: torch SDPA over a contiguous KV cache (the reference path)"),
@@ -388,8 +399,13 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str,
         out["moe"] = ("torch", "Triton is not available: per-expert loop (syncs; no CUDA graphs)")
     if decode_kernels == "reference":
         out["decode"] = ("reference", "the unfused decode path")
+    elif sw.triton and decode_kernels != "fused-plain" and capability is not None and capability >= (9, 0):
+        out["decode"] = ("fused-pdl", "fused Triton batch-1 decode kernels, launched with programmatic dependent "
+                                      "launch (sm_90+: each launch overlaps the previous kernel's tail)")
     elif sw.triton:
-        out["decode"] = ("fused", "fused Triton batch-1 decode kernels")
+        why = ("plain launches (decode_kernels=fused-plain)" if decode_kernels == "fused-plain" else
+               "plain launches (programmatic dependent launch needs compute capability 9.0+)")
+        out["decode"] = ("fused", f"fused Triton batch-1 decode kernels, {why}")
     else:
         out["decode"] = ("reference", "the unfused decode path (Triton is not available)")
     return out

@@ -42,3 +42,16 @@ def test_fused_decode_graph_is_byte_equal_to_eager(small_ckpt, which):
     ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(32))
     a, b = graphs.score(ids, prefill=64), eager.score(ids, prefill=64)
     assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+def test_programmatic_launch_is_on_and_gives_the_plain_launch_bytes():
+    """On sm_90+ the fused step launches with programmatic dependent launch (decode "fused-pdl"); the logits are
+    byte-equal to the same kernels launched plainly (decode_kernels=fused-plain), through the graph, 190 steps."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    pdl, plain = build("synthetic:small-nvfp4"), build("synthetic:small-nvfp4", decode_kernels="fused-plain")
+    assert pdl.model.kernels.pdl and pdl.engine_config.decode == "fused-pdl"
+    assert not plain.model.kernels.pdl and plain.model.kernels.fused_decode and plain.engine_config.decode == "fused"
+    ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(33))
+    a, b = pdl.score(ids, prefill=64), plain.score(ids, prefill=64)
+    assert torch.isfinite(a).all() and torch.equal(a, b)

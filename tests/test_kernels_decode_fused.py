@@ -315,3 +315,16 @@ def test_decode_kernels_replay_in_a_cuda_graph_byte_equal_to_eager():
         eager = decode_chain(*inputs)
         for c, e in zip(captured, eager):
             assert torch.equal(c, e)
+
+
+def test_programmatic_launch_is_never_asked_of_the_interpreter():
+    """The CPU (Triton's interpreter) gets plain launches whatever the context says; the context nests."""
+    from qwenlocal.engine.kernels.launch import pdl_launch, programmatic_launch
+
+    with programmatic_launch(True):
+        assert pdl_launch(torch.device("cpu")) == {"USE_GDC": False}
+        x, w = rand(1, 64, seed=1), rand(64, seed=2)
+        new_x, normed = add_rms_norm(x, None, w, EPS)  # runs in the interpreter with PDL asked for
+        assert torch.equal(normed, add_rms_norm_reference(x, None, w, EPS)[1]) or torch.allclose(
+            normed, add_rms_norm_reference(x, None, w, EPS)[1], rtol=1e-6, atol=1e-6)
+    assert pdl_launch(torch.device("cpu")) == {"USE_GDC": False}

@@ -111,7 +111,7 @@ def test_the_two_old_disagreements_are_what_runs():
     gpu = resolve({"expert_slots": 2000}, BIG_NVFP4, fake.h200(), "cuda", ALL)
     assert gpu.slots == 2000 and gpu.bank == "pin-all" and gpu.bank_pinned and gpu.layer_major
     # The fused decode step keeps the shared expert inside the expert kernels: serial measured faster.
-    assert gpu.decode == "fused" and gpu.overlap == "off" and "measured slower" in gpu.reason("overlap")
+    assert gpu.decode == "fused-pdl" and gpu.overlap == "off" and "measured slower" in gpu.reason("overlap")
     unfused = resolve({"expert_slots": 2000, "decode_kernels": "reference"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
     assert unfused.overlap == "copy-side" and "3 copy engines" in unfused.reason("overlap")
     assert gpu.stream_buffers == "borrowed" and gpu.vram.slots == 2000 * nvfp4_row_bytes(2048, 512)
@@ -137,7 +137,7 @@ def test_fake_gpu_constructors_follow_the_config(profile, options, monkeypatch):
     cuda = torch.device("cuda")
     kernels = select_kernels(cfg, cuda, torch.bfloat16, config.max_context, config=config)
     assert {p: n for p, (n, _) in kernels.choices.items()} == {p: getattr(config, p) for p in ("attention", "gdn", "moe", "decode")}
-    assert kernels.fused_decode == (config.decode == "fused") and kernels.graph_safe == config.cuda_graphs is False
+    assert kernels.fused_decode == (config.decode in ("fused", "fused-pdl")) and kernels.pdl == (config.decode == "fused-pdl") and kernels.graph_safe == config.cuda_graphs is False
     cache = None
     if config.offloaded:
         cache = ExpertSlotCache(cfg, HostExpertBank(cfg, torch.float32, pin=False), config.slots, torch.device("cpu"),

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from .launch import gdc_prologue, pdl_launch
 from ..model.ops import apply_partial_rope, rms_norm_zero_centered, rope_cos_sin
 from .decode_norm import _round_as, round_code
 from .nvfp4_triton import _store_exact, exact_out
@@ -46,8 +47,9 @@ def _cos_sin(angle, LIBDEVICE: tl.constexpr):
 def attention_prologue_kernel(qg_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, inv_freq_ptr, pos_ptr, q_out, k_out, v_out,
                               eps, NUM_HEADS, HEAD_DIM, ROTARY_DIM, KV_ROW, COPY_V: tl.constexpr,
                               NORM_ROUND: tl.constexpr, OUT_BF16: tl.constexpr, LIBDEVICE: tl.constexpr,
-                              BLOCK_D: tl.constexpr, KV_AT_POS: tl.constexpr):
+                              BLOCK_D: tl.constexpr, KV_AT_POS: tl.constexpr, USE_GDC: tl.constexpr = False):
     """KV_AT_POS: k_out / v_out are KV caches of KV_ROW elements per position; k and v land in row `position`."""
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     head = tl.program_id(0)
     at = 0
     if KV_AT_POS:
@@ -136,7 +138,7 @@ def attention_prologue(q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
         q_gate, k, v, q_norm_w, k_norm_w, inv_freq, position, exact_out(q), exact_out(k_rot), exact_out(v_res),
         eps, num_heads, head_dim, rotary_dim, 0, COPY_V=copy_v, NORM_ROUND=round_code(q_gate.dtype),
         OUT_BF16=round_code(dtype) == 1, LIBDEVICE=dev.type == "cuda", BLOCK_D=triton.next_power_of_2(head_dim),
-        KV_AT_POS=False, num_warps=num_warps)
+        KV_AT_POS=False, num_warps=num_warps, **pdl_launch(dev))
     gate = q_gate.view(num_heads, 2 * head_dim)[:, head_dim:]
     return q, gate, k_rot, v_res
 
@@ -152,7 +154,8 @@ def _prologue_into_cache(q_gate, k, v, q_norm_w, k_norm_w, position, eps, num_he
         q_gate, k, v, q_norm_w, k_norm_w, inv_freq, position, exact_out(q), exact_out(k_cache),
         exact_out(v_cache), eps, num_heads, head_dim, rotary_dim, num_kv_heads * head_dim, COPY_V=True,
         NORM_ROUND=round_code(q_gate.dtype), OUT_BF16=round_code(dtype) == 1, LIBDEVICE=q.device.type == "cuda",
-        BLOCK_D=triton.next_power_of_2(head_dim), KV_AT_POS=True, num_warps=num_warps)
+        BLOCK_D=triton.next_power_of_2(head_dim), KV_AT_POS=True, num_warps=num_warps,
+        **pdl_launch(q.device))
     gate = q_gate.view(num_heads, 2 * head_dim)[:, head_dim:]
     return q, gate, None, None
 

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import gdc_prologue, pdl_launch
 from ..model.ops import rms_norm_zero_centered
 from .nvfp4_triton import _store_exact, exact_out
 
@@ -47,7 +48,8 @@ def _round_as(value, ROUND: tl.constexpr):
 @triton.jit
 def add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, H, x_stride, delta_stride, new_x_stride,
                         norm_stride, eps, part_stride, HAS_DELTA: tl.constexpr, ROUND: tl.constexpr,
-                        BLOCK_H: tl.constexpr, PARTS: tl.constexpr):
+                        BLOCK_H: tl.constexpr, PARTS: tl.constexpr, USE_GDC: tl.constexpr = False):
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
@@ -108,7 +110,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
         x, x if delta is None else delta, weight, exact_out(new_x), exact_out(normed), h,
         x.stride(0), x.stride(0) if delta is None else delta.stride(0), new_x.stride(0), normed.stride(0), eps,
         part_stride, HAS_DELTA=delta is not None, ROUND=round_code(x.dtype), BLOCK_H=block_h, PARTS=parts,
-        num_warps=num_warps or default_norm_warps(block_h))
+        num_warps=num_warps or default_norm_warps(block_h), **pdl_launch(x.device))
     return new_x, normed
 
 
@@ -126,7 +128,9 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor | None, weight: 
 
 @triton.jit
 def sigmoid_gate_mul_kernel(out_ptr, gate_ptr, dest_ptr, C, out_stride, gate_stride, dest_stride,
-                            ROUND_GATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_C: tl.constexpr):
+                            ROUND_GATE: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_C: tl.constexpr,
+                            USE_GDC: tl.constexpr = False):
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_C)
     mask = cols < C
@@ -160,7 +164,7 @@ def sigmoid_gate_mul(out: torch.Tensor, gate: torch.Tensor, dest: torch.Tensor |
     sigmoid_gate_mul_kernel[(r,)](
         o2, gate, exact_out(d2), c, o2.stride(0), gate.stride(0), d2.stride(0),
         ROUND_GATE=round_code(gate.dtype), OUT_BF16=round_code(dest.dtype) == 1, BLOCK_C=triton.next_power_of_2(c),
-        num_warps=num_warps)
+        num_warps=num_warps, **pdl_launch(out.device))
     return dest
 
 

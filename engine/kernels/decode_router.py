@@ -19,13 +19,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import gdc_prologue, pdl_launch
 from .decode_norm import round_code
 from .nvfp4_triton import _store_exact, exact_out
 
 
 @triton.jit
 def route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K: tl.constexpr,
-                      BLOCK_E: tl.constexpr, OUT_BF16: tl.constexpr):
+                      BLOCK_E: tl.constexpr, OUT_BF16: tl.constexpr, USE_GDC: tl.constexpr = False):
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     experts = tl.arange(0, BLOCK_E)
     valid = experts < E
     logits = tl.load(logits_ptr + experts, mask=valid, other=float("-inf")).to(tl.float32)
@@ -67,7 +69,7 @@ def route_topk(logits: torch.Tensor, num_experts: int, top_k: int, weights_dtype
     round_code(weights_dtype)
     route_topk_kernel[(1,)](flat, exact_out(weights), ids, shared, num_experts, TOP_K=top_k,
                             BLOCK_E=triton.next_power_of_2(num_experts), OUT_BF16=weights_dtype == torch.bfloat16,
-                            num_warps=num_warps)
+                            num_warps=num_warps, **pdl_launch(logits.device))
     return weights, ids, shared
 
 

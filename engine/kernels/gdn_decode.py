@@ -37,6 +37,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .launch import gdc_prologue, pdl_launch
 from ..model.ops import rms_norm_gated
 from .gdn_torch import causal_conv1d, gdn_core_torch
 
@@ -113,9 +114,11 @@ def gdn_step_kernel(
     cs_stride, cw_stride, key_dim, K, V, REP, HEADS_PER, scale, eps,
     W: tl.constexpr, WF: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     ONE_LAUNCH: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr,
+    USE_GDC: tl.constexpr = False,
 ):
     """Program (p, t): value heads p * HEADS_PER + [0, HEADS_PER) (all of one key head's if ONE_LAUNCH, else
     one), V columns [t * BV, t * BV + BV). o_ptr: the output (ONE_LAUNCH, normed) or the o scratch."""
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     pid, pid_v = tl.program_id(0), tl.program_id(1)
     r = tl.arange(0, HP)
     heads = pid * HEADS_PER + r
@@ -168,9 +171,11 @@ def gdn_step_kernel(
 def gdn_norm_shift_kernel(
     qkv_ptr, z_ptr, o_ptr, normw_ptr, out_ptr, cs_ptr, cs_stride, conv_dim, V, ch_per, eps,
     W: tl.constexpr, WF: tl.constexpr, BV: tl.constexpr, BCH: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr,
+    USE_GDC: tl.constexpr = False,
 ):
     """Program h: the gated RMSNorm of head h's o (scratch) into out, and the shift of conv channels
     [h * ch_per, h * ch_per + ch_per): every channel by exactly one program, after every read of it."""
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     h = tl.program_id(0)
     offs_v = tl.arange(0, BV)[None, :]
     vmask = offs_v < V
@@ -231,18 +236,19 @@ def gdn_decode_step(
         gdn_step_kernel[(hk, 1)](
             qkv, z, b, a, conv_state, conv_w, neg_a, dt_bias, state, norm_w, out, *common, rep, kd ** -0.5, eps,
             W=width, WF=wf, HP=triton.next_power_of_2(rep), BK=bk, BV=triton.next_power_of_2(vd), ONE_LAUNCH=True,
-            DT=dt, WDT=wdt, num_warps=cfg["num_warps"])
+            DT=dt, WDT=wdt, num_warps=cfg["num_warps"], **pdl_launch(state.device))
         return out
     bv = cfg["block_v"]
     o = torch.empty(hv * vd, device=state.device, dtype=dtype)
     gdn_step_kernel[(hv, triton.cdiv(vd, bv))](
         qkv, z, b, a, conv_state, conv_w, neg_a, dt_bias, state, norm_w, o, *common, 1, kd ** -0.5, eps,
-        W=width, WF=wf, HP=1, BK=bk, BV=bv, ONE_LAUNCH=False, DT=dt, WDT=wdt, num_warps=cfg["num_warps"])
+        W=width, WF=wf, HP=1, BK=bk, BV=bv, ONE_LAUNCH=False, DT=dt, WDT=wdt, num_warps=cfg["num_warps"],
+        **pdl_launch(state.device))
     ch_per = triton.cdiv(conv_dim, hv)
     gdn_norm_shift_kernel[(hv,)](
         qkv, z, o, norm_w, out, conv_state, conv_state.stride(0), conv_dim, vd, ch_per, eps,
         W=width, WF=wf, BV=triton.next_power_of_2(vd), BCH=triton.next_power_of_2(ch_per), DT=dt, WDT=wdt,
-        num_warps=cfg["norm_warps"])
+        num_warps=cfg["norm_warps"], **pdl_launch(state.device))
     return out
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .launch import gdc_prologue, pdl_launch
 from ..quant.formats import dequant_fp8, dequant_nvfp4
 from .nvfp4_triton import _store_exact, exact_out
 
@@ -153,9 +154,11 @@ def _nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.c
 @triton.jit
 def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1, n2, n3, p1, p2, p3,
                       K: tl.constexpr, FMT: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr):
+                      BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
+                      USE_GDC: tl.constexpr = False):
     """Part i (n_i rows, weight w_i, scales s_i / g_i) owns the programs p_i .. p_{i+1} - 1 (p_0 = 0) and output
     rows n_0 + .. + n_{i-1} onwards. Parts beyond PARTS are never read (the wrapper passes part 0 there)."""
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     pid = tl.program_id(0)
     w, s, g, n, local, row0 = w0, s0, g0, n0, pid, 0
     if PARTS > 1:
@@ -324,7 +327,8 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
         x.reshape(-1).contiguous(), exact_out(out), *ws, *ss, *gs, *(ns + [0] * pad), *starts,
         K=k, FMT=_FMT_ID[fmt], PARTS=len(args), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         CHUNK=chunk_words(fmt, cfg, elem),
-        OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_launch(x.device))
     return out
 
 

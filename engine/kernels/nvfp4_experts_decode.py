@@ -32,6 +32,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .launch import gdc_prologue, pdl_launch
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows, nvfp4_expert_row_bytes
 from .nvfp4_triton import _e2m1_exact, _e4m3_exact, _store_exact, exact_out
@@ -164,7 +165,8 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
                           xg_w, xg_s, xg_g, xu_w, xu_s, xu_g,
                           K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr,
-                          X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr):
+                          X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False):
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     j = tl.program_id(0)  # expert: 0..k-1 routed, k the extra (shared) one
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < I
@@ -193,7 +195,8 @@ def expert_down_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, out_ptr,
                        K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
                        HAS_ADDEND: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr,
-                       X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr):
+                       X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False):
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = m < H
     # The experts' column partials add up element by element in order j = 0..k-1, then the extra; one sum over
@@ -292,7 +295,7 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
         x.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out, hidden, inter, words.stride(0),
         off["gu_scale_at"], off["glob_at"], *gate, *up, K_ROUTED=k, HAS_EXTRA=extra is not None, BLOCK_N=block_n,
         BLOCK_G=bg, MASKED=masked, DECODE=_decode(decode, rows), X_SPLIT=x_split, GROUP_SCALES=group_scales,
-        num_warps=num_warps)
+        num_warps=num_warps, **pdl_launch(x.device))
     return out
 
 
@@ -324,7 +327,7 @@ def expert_down(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, row
         K_ROUTED=k, HAS_EXTRA=extra is not None, HAS_EXTRA_SCALE=extra_scale is not None,
         HAS_ADDEND=addend is not None, OUT_BF16=out.dtype == torch.bfloat16, BLOCK_M=block_m, BLOCK_G=bg,
         MASKED=masked, DECODE=_decode(decode, rows), X_SPLIT=x_split, GROUP_SCALES=group_scales,
-        num_warps=num_warps)
+        num_warps=num_warps, **pdl_launch(act.device))
     return out
 
 

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import gdc_prologue, pdl_launch
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
 from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, _rows_part
@@ -30,7 +31,8 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                              K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
                              HAS_ADDEND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
                              MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
-                             GROUP_SCALES: tl.constexpr):
+                             GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False):
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     j = tl.program_id(1)  # 0..k-1 routed experts, k the shared one
     mask_m = m < H
@@ -84,7 +86,7 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
         K_ROUTED=k, HAS_EXTRA=extra is not None, HAS_EXTRA_SCALE=extra_scale is not None,
         HAS_ADDEND=addend is not None, BLOCK_M=block_m, BLOCK_G=bg,
         MASKED=hidden % block_m != 0 or (inter // 16) % bg != 0, DECODE=_decode(decode, rows), X_SPLIT=x_split,
-        GROUP_SCALES=group_scales, num_warps=num_warps)
+        GROUP_SCALES=group_scales, num_warps=num_warps, **pdl_launch(act.device))
     return out
 
 

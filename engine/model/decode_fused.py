@@ -24,6 +24,7 @@ from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
 from ..kernels.gemv_multi import gemv, gemv_multi
+from ..kernels.launch import programmatic_launch
 from ..kernels.nvfp4_experts_decode import expert_gate_up, nvfp4_triples
 from ..kernels.nvfp4_experts_parts import expert_down_parts
 from ..quant.linear import QuantLinear
@@ -144,7 +145,13 @@ def _shared_alone(moe: "SparseMoE", h: torch.Tensor, scale: torch.Tensor) -> tor
 
 def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor, state: "SequenceState",
             start: int) -> torch.Tensor:
-    """One token ids [1] -> final-normed hidden [1, H], the fused twin of Qwen35MoeModel.forward(decode=True)."""
+    """One token ids [1] -> final-normed hidden [1, H], the fused twin of Qwen35MoeModel.forward(decode=True).
+    The kernels launch with programmatic dependent launch where the config says so (kernels.pdl, sm_90+)."""
+    with programmatic_launch(model.kernels.pdl):
+        return _forward(model, ids, positions, state, start)
+
+
+def _forward(model, ids, positions, state, start):
     eps = model.cfg.rms_norm_eps
     x = model.embed_ids(ids)
     delta = None
@@ -163,4 +170,5 @@ def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor,
 
 def logits(model: "Qwen35MoeModel", hidden: torch.Tensor) -> torch.Tensor:
     """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype)."""
-    return gemv(hidden, model.lm_head_w, out_dtype=torch.float32)
+    with programmatic_launch(model.kernels.pdl):
+        return gemv(hidden, model.lm_head_w, out_dtype=torch.float32)

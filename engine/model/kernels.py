@@ -26,6 +26,7 @@ class Kernels:
     experts_prefill_nvfp4: Callable | None = None
     experts_decode_nvfp4: Callable | None = None
     fused_decode: bool = False  # the batch-1 decode step runs the fused Triton kernels (options.decode_kernels)
+    pdl: bool = False  # ... launched with programmatic dependent launch (decode "fused-pdl", sm_90+)
 
 
 # Head sizes FlashInfer ships/compiles attention kernels for, and fla's GDN kernels handle (resolve decides).
@@ -87,8 +88,9 @@ def build_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, ma
         prefill, decode = routed_experts_reference, routed_experts_decode_reference
         nvfp4 = _nvfp4_references(cfg)
     graph_safe = attn.graph_safe and decode is not routed_experts_decode_reference
-    fused = choices["decode"][0] == "fused" and decode is not routed_experts_decode_reference
-    return Kernels(attn, gdn, prefill, decode, graph_safe, dict(choices), *nvfp4, fused_decode=fused)
+    fused = choices["decode"][0] in ("fused", "fused-pdl") and decode is not routed_experts_decode_reference
+    return Kernels(attn, gdn, prefill, decode, graph_safe, dict(choices), *nvfp4, fused_decode=fused,
+                   pdl=fused and choices["decode"][0] == "fused-pdl")
 
 
 def _nvfp4_references(cfg: ModelConfig) -> tuple[Callable, Callable]:

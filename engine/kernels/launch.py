@@ -1,0 +1,46 @@
+"""Programmatic dependent launch (PDL) for the fused decode step's Triton kernels.
+
+Why: a decode step is ~500 small kernels; on sm_90+ a kernel launched with PDL is scheduled while the previous
+one finishes, so its launch and block scheduling overlap that kernel's tail instead of following it. Each
+kernel that can be launched so begins with `gdc_prologue(USE_GDC)`: griddepcontrol.wait (no global memory is
+read or written before the previous kernel completed and its writes are visible: the order of every byte is
+the plain launch's, so the results are the same bytes) then launch_dependents (the next kernel may be
+scheduled). Kernels of other libraries in between (FlashInfer) launch plainly: full stream order around them.
+
+The switch is per forward, not global: `programmatic_launch(on)` around the fused step (engines with and
+without it can share a process, e.g. the bench's A/B arms); `pdl_launch(device)` gives the two launch
+arguments. Only CUDA devices get it (not the CPU interpreter, which lacks the PTX).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+_PDL = contextvars.ContextVar("qwenlocal_pdl", default=False)
+
+
+@contextlib.contextmanager
+def programmatic_launch(on: bool):
+    token = _PDL.set(bool(on))
+    try:
+        yield
+    finally:
+        _PDL.reset(token)
+
+
+def pdl_launch(device: torch.device) -> dict:
+    """Keyword arguments of a kernel launch: USE_GDC (the constexpr of gdc_prologue) and, when on, launch_pdl."""
+    on = _PDL.get() and device.type == "cuda"
+    return {"USE_GDC": True, "launch_pdl": True} if on else {"USE_GDC": False}
+
+
+@triton.jit
+def gdc_prologue(USE_GDC: tl.constexpr):
+    if USE_GDC:
+        gdc_wait()
+        gdc_launch_dependents()
