@@ -236,8 +236,12 @@ class ChatActions:
         """Retitle a saved conversation; the open one in memory too (its next save would undo it otherwise)."""
         if conv_id != self.conv.id or not self.conv.messages:
             return self.store.rename(conv_id, title)
-        self.conv.title = clean_title(title)
-        self.store.save(self.conv)
+        old, self.conv.title = self.conv.title, clean_title(title)
+        try:
+            self.store.save(self.conv)
+        except OSError:
+            self.conv.title = old  # as on disk: the picker says it failed
+            raise
         return self.conv
 
     async def _open(self, conv_id: str | None) -> None:
@@ -270,8 +274,12 @@ class ChatActions:
 
     def picker_binding_table(self) -> list[tuple[str, str, str]]:
         """The conversations list's own keys (Ctrl+O), for F1."""
-        return [(self.keymap.get(b.id, b.key), b.tooltip.removeprefix("Conversations list: "), b.id)
-                for b in ConversationPicker.BINDINGS if b.id.startswith("picker.")]
+        rows = []
+        for b in ConversationPicker.BINDINGS:
+            if b.id.startswith("picker."):
+                desc = b.tooltip.removeprefix("Conversations list: ")
+                rows.append((self.keymap.get(b.id, b.key), desc[:1].upper() + desc[1:], b.id))
+        return rows
 
     def action_help(self) -> None:
         open_key = next(self.keymap.get(b.id, b.key) for b in self.BINDINGS if b.id == "chat.open")

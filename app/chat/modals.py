@@ -91,6 +91,7 @@ class LineEditModal(ModalScreen[str | None]):
             yield Static(self.hint or "Enter apply · Esc cancel", classes="hint", markup=False)
 
     def on_mount(self) -> None:
+        self.query_one("#edit-line-error", Static).display = False
         self.query_one(Input).focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -98,7 +99,9 @@ class LineEditModal(ModalScreen[str | None]):
         try:
             value = self.check(event.value)
         except ValueError as exc:
-            self.query_one("#edit-line-error", Static).update(str(exc))
+            error = self.query_one("#edit-line-error", Static)
+            error.update(str(exc))
+            error.display = True
             return
         self.dismiss(value)
 
