@@ -7,7 +7,8 @@ import json
 import pytest
 
 from qwenlocal.app.chat.fake import ScriptedBackend, ScriptedReply
-from qwenlocal.app.chat.modals import ConversationPicker, SamplingModal
+from qwenlocal.app.chat.modals import SamplingModal
+from qwenlocal.app.chat.picker import ConversationPicker
 from qwenlocal.app.chat.panels import DetailsScreen, HelpScreen
 from qwenlocal.app.chat.widgets import AssistantMessage, UserMessage
 from qwenlocal.app.chat.testing import make_app, press_nowait, send, wait_for, wait_ready, wait_turn

@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .commands import SlashError, parse_slash
-from .conversation import Conversation
-from .modals import ConversationPicker, SamplingModal, TextEditModal
+from .conversation import Conversation, clean_title
+from .modals import SamplingModal, TextEditModal
 from .panels import DetailsScreen, HelpScreen, details_markdown
+from .picker import ConversationPicker
 from .prompt import SEND_DEFAULT, SEND_ID, PromptInput
 from .settings import describe, parse_assignments
 from .store import export_transcript
@@ -221,7 +222,27 @@ class ChatActions:
             names = ", ".join(s.path.name for s in skipped[:3]) + (" …" if len(skipped) > 3 else "")
             self.notify(f"Skipped {len(skipped)} unreadable conversation file(s): {names}", severity="warning",
                         timeout=8)
-        self.push_screen(ConversationPicker(convs), self._open)
+        self.push_screen(ConversationPicker(convs, self.conv.id, delete=self.delete_conversation,
+                                            rename=self.rename_conversation, keymap=self.keymap), self._open)
+
+    async def delete_conversation(self, conv_id: str) -> None:
+        """Remove a saved conversation. The open one is replaced by a new chat first: that stops a reply in
+        flight, so nothing saves the old conversation again after its file is gone."""
+        if conv_id == self.conv.id:
+            await self.action_new_chat()
+        self.store.delete(conv_id)
+
+    def rename_conversation(self, conv_id: str, title: str) -> Conversation:
+        """Retitle a saved conversation; the open one in memory too (its next save would undo it otherwise)."""
+        if conv_id != self.conv.id or not self.conv.messages:
+            return self.store.rename(conv_id, title)
+        old, self.conv.title = self.conv.title, clean_title(title)
+        try:
+            self.store.save(self.conv)
+        except OSError:
+            self.conv.title = old  # as on disk: the picker says it failed
+            raise
+        return self.conv
 
     async def _open(self, conv_id: str | None) -> None:
         if conv_id is None:
@@ -251,8 +272,18 @@ class ChatActions:
         rows.append((self.COMMAND_PALETTE_BINDING, "Command palette", ""))
         return rows
 
+    def picker_binding_table(self) -> list[tuple[str, str, str]]:
+        """The conversations list's own keys (Ctrl+O), for F1."""
+        rows = []
+        for b in ConversationPicker.BINDINGS:
+            if b.id.startswith("picker."):
+                desc = b.tooltip.removeprefix("Conversations list: ")
+                rows.append((self.keymap.get(b.id, b.key), desc[:1].upper() + desc[1:], b.id))
+        return rows
+
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(self.binding_table()))
+        open_key = next(self.keymap.get(b.id, b.key) for b in self.BINDINGS if b.id == "chat.open")
+        self.push_screen(HelpScreen(self.binding_table(), self.picker_binding_table(), open_key))
 
     def action_details(self) -> None:
         stats = {**self.backend.stats(), **self.status.values}

@@ -82,7 +82,7 @@ class ChatApp(ChatActions, App[int]):
         Binding("f1", "help", "Help", id="chat.help", tooltip="Keys and commands"),
         Binding("f2", "details", "Details", id="chat.details", tooltip="The plan with its reasons, and counters"),
         Binding("ctrl+o", "open_conversation", "Open", id="chat.open", show=False,
-                tooltip="Open a past conversation"),
+                tooltip="Saved conversations: open, search, rename, delete"),
         Binding("ctrl+s", "save_transcript", "Save", id="chat.save", show=False,
                 tooltip="Save the transcript as Markdown and JSON"),
         Binding("ctrl+b", "copy_reply", "Copy reply", id="chat.copy", show=False,

@@ -8,6 +8,7 @@ from typing import Any
 
 FORMAT_VERSION = 1
 _ROLES = ("user", "assistant")
+TITLE_MAX = 120  # characters: a title is one line of the picker, not a note
 
 
 class ConversationFormatError(ValueError):
@@ -57,6 +58,19 @@ class Conversation:
                 return i
         return None
 
+    @property
+    def turns(self) -> int:
+        """The user's messages: each one is a turn (its reply, stopped or failed, belongs to it)."""
+        return sum(m.role == "user" for m in self.messages)
+
+    def matches(self, query: str) -> bool:
+        """Every word of the query appears (case-insensitively) in the title or in some message's text."""
+        words = query.casefold().split()
+        if not words:
+            return True
+        haystack = "\n".join([self.title, *(m.content for m in self.messages)]).casefold()
+        return all(w in haystack for w in words)
+
     def to_json(self) -> dict:
         return {"format": FORMAT_VERSION, **asdict(self)}
 
@@ -90,6 +104,16 @@ class Conversation:
             if m.finish_reason and m.finish_reason != "stop":
                 lines += [f"*({m.finish_reason})*", ""]
         return "\n".join(lines).rstrip() + "\n"
+
+
+def clean_title(text: str) -> str:
+    """A title the user typed, on one line; ValueError (saying what to type) if it is empty or too long."""
+    title = " ".join(text.split())
+    if not title:
+        raise ValueError("a title cannot be empty: type a few words, or press Esc to keep the old one")
+    if len(title) > TITLE_MAX:
+        raise ValueError(f"a title is at most {TITLE_MAX} characters (this one has {len(title)})")
+    return title
 
 
 def title_from(text: str, width: int = 48) -> str:

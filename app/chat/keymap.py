@@ -19,11 +19,11 @@ _NAMED = ({k.value for k in Keys if "+" not in k.value and not k.value.startswit
 
 def binding_ids() -> list[str]:
     """The ids a keymap may remap: the app's, the prompt's (send included) and the dialogs'."""
-    from qwenlocal.app.chat import modals, panels
+    from qwenlocal.app.chat import modals, panels, picker
     from qwenlocal.app.chat.app import ChatApp
     from qwenlocal.app.chat.prompt import SEND_ID, PromptInput
 
-    dialogs = [obj for mod in (modals, panels) for obj in vars(mod).values() if isinstance(obj, type)]
+    dialogs = [obj for mod in (modals, panels, picker) for obj in vars(mod).values() if isinstance(obj, type)]
     ids = {SEND_ID}
     for owner in (ChatApp, PromptInput, *dialogs):
         ids.update(b.id for b in getattr(owner, "BINDINGS", None) or () if getattr(b, "id", None))

@@ -1,16 +1,16 @@
-"""Modal screens that ask or tell: an error, a text to edit, sampling settings, a past conversation to open."""
+"""Modal screens that ask or tell: an error, a yes/no question, a text or a line to edit, sampling settings.
+
+The saved-conversations picker is in picker.py."""
 from __future__ import annotations
 
-import time
+from typing import Callable
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
-from textual.widgets.option_list import Option
+from textual.widgets import Button, Input, Label, Static, TextArea
 
-from .conversation import Conversation
 from .settings import SAMPLING_KEYS, parse_value
 
 
@@ -38,6 +38,74 @@ class ErrorModal(ModalScreen[None]):
         self.dismiss(None)
 
     async def action_dismiss(self, result=None) -> None:
+        self.dismiss(None)
+
+
+class ConfirmModal(ModalScreen[bool]):
+    """A yes/no question about something that cannot be undone. Cancel has the focus: Enter alone keeps."""
+
+    BINDINGS = [Binding("y", "confirm", "Yes", id="confirm.yes"),
+                Binding("n,escape", "cancel", "No", id="confirm.no")]
+
+    def __init__(self, title: str, message: str, yes: str = "Delete", no: str = "Cancel"):
+        super().__init__(classes="modal confirm-modal")
+        self.title_text, self.message, self.yes, self.no = title, message, yes, no
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog") as box:
+            box.border_title = self.title_text
+            yield Static(self.message, id="confirm-message", markup=False)
+            yield Static(f"y {self.yes.lower()} · n or Esc {self.no.lower()}", classes="hint", markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button(self.yes, variant="error", id="yes", compact=True)
+                yield Button(self.no, id="no", compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_confirm(self) -> None:
+        self.dismiss(True)
+
+    def action_cancel(self) -> None:
+        self.dismiss(False)
+
+
+class LineEditModal(ModalScreen[str | None]):
+    """Edit one line (a title). `check` turns the typed text into the value or raises ValueError, whose message
+    is shown in the dialog (which stays open); Enter applies, Esc cancels."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="modal.cancel")]
+
+    def __init__(self, title: str, text: str, check: Callable[[str], str] = str, hint: str = ""):
+        super().__init__(classes="modal")
+        self.title_text, self.text, self.check, self.hint = title, text, check, hint
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog") as box:
+            box.border_title = self.title_text
+            yield Input(self.text, id="edit-line", compact=True)
+            yield Static("", id="edit-line-error", classes="error-message", markup=False)
+            yield Static(self.hint or "Enter apply · Esc cancel", classes="hint", markup=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#edit-line-error", Static).display = False
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        try:
+            value = self.check(event.value)
+        except ValueError as exc:
+            error = self.query_one("#edit-line-error", Static)
+            error.update(str(exc))
+            error.display = True
+            return
+        self.dismiss(value)
+
+    def action_cancel(self) -> None:
         self.dismiss(None)
 
 
@@ -111,35 +179,6 @@ class SamplingModal(ModalScreen[dict | None]):
             self.query_one("#sampling-error", Static).update(str(exc))
             return
         self.dismiss(values)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-
-class ConversationPicker(ModalScreen[str | None]):
-    """Pick a saved conversation (newest first); Enter opens it, Esc cancels."""
-
-    BINDINGS = [Binding("escape", "cancel", "Cancel", id="modal.cancel")]
-
-    def __init__(self, conversations: list[Conversation]):
-        super().__init__(classes="modal")
-        self.conversations = conversations
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog") as box:
-            box.border_title = "Open a conversation"
-            if not self.conversations:
-                yield Static("No saved conversations yet.", classes="hint")
-            options = [Option(f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(c.updated))}  "
-                              f"{c.title or '(untitled)'}  · {len(c.messages)} msgs", id=c.id)
-                       for c in self.conversations]
-            yield OptionList(*options, id="conversations")
-
-    def on_mount(self) -> None:
-        self.query_one(OptionList).focus()
-
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(event.option.id)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

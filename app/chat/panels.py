@@ -51,12 +51,19 @@ class LoadingScreen(Screen):
         self.query_one("#loading-model", Static).update(label)
 
 
-def help_markdown(bindings: list[tuple[str, str, str]]) -> str:
+def _key_list(bindings: list[tuple[str, str, str]]) -> str:
+    return "\n".join(f"- `{key}` — {desc}" + (f" *({bid})*" if bid else "") for key, desc, bid in bindings)
+
+
+def help_markdown(bindings: list[tuple[str, str, str]], picker: list[tuple[str, str, str]] = (),
+                  open_key: str = "ctrl+o") -> str:
     # Lists, not tables: they stay readable at 80 columns.
-    keys = "\n".join(f"- `{key}` — {desc}" + (f" *({bid})*" if bid else "") for key, desc, bid in bindings)
+    keys = _key_list(bindings)
     cmds = "\n".join(f"- `{c.usage}` — {c.help}" for c in COMMANDS)
+    saved = (f"## Saved conversations (`{open_key}`)\n\nType to filter by title or message text; `enter` opens "
+             "the highlighted one.\n\n" + _key_list(picker) + "\n\n") if picker else ""
     return (
-        "## Keys\n\n" + keys + "\n\n"
+        "## Keys\n\n" + keys + "\n\n" + saved +
         "Remap a key by its binding id (in italics) in `keymap.json` in the data folder, or with "
         "`--keymap FILE`, e.g. `{\"chat.new\": \"ctrl+w\"}`.\n\n"
         "## Slash commands\n\n" + cmds + "\n\n"
@@ -68,14 +75,15 @@ def help_markdown(bindings: list[tuple[str, str, str]]) -> str:
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close", id="help.close")]
 
-    def __init__(self, bindings: list[tuple[str, str, str]]):
+    def __init__(self, bindings: list[tuple[str, str, str]], picker: list[tuple[str, str, str]] = (),
+                 open_key: str = "ctrl+o"):
         super().__init__(classes="modal")
-        self.bindings = bindings
+        self.bindings, self.picker, self.open_key = bindings, picker, open_key
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog wide") as box:
             box.border_title = "Help · Esc to close"
-            yield Markdown(help_markdown(self.bindings))
+            yield Markdown(help_markdown(self.bindings, self.picker, self.open_key))
 
     async def action_dismiss(self, result=None) -> None:
         self.dismiss(None)

@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .conversation import Conversation, ConversationFormatError
+from .conversation import Conversation, ConversationFormatError, clean_title
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -48,6 +48,9 @@ class ConversationStore:
         return cls(data_dir() / "conversations")
 
     def path_for(self, conv_id: str) -> Path:
+        # Ids come from the files we wrote; one that could name a file elsewhere is refused, not followed.
+        if not conv_id or conv_id.startswith(".") or any(c in conv_id for c in "/\\\0"):
+            raise ValueError(f"{conv_id!r} is not a conversation id")
         return self.root / f"{conv_id}.json"
 
     def save(self, conv: Conversation) -> Path:
@@ -57,6 +60,24 @@ class ConversationStore:
 
     def load(self, conv_id: str) -> Conversation:
         return self._read(self.path_for(conv_id))
+
+    def delete(self, conv_id: str) -> bool:
+        """Remove a conversation's file; False if it was already gone (the goal is reached either way)."""
+        try:
+            self.path_for(conv_id).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def rename(self, conv_id: str, title: str) -> Conversation:
+        """Give a saved conversation a new title (checked before anything is read or written); the file is
+        rewritten atomically. `updated` is kept: it says when the conversation last changed, and the picker's
+        order stays put under the cursor."""
+        title = clean_title(title)
+        conv = self.load(conv_id)
+        conv.title = title
+        self.save(conv)
+        return conv
 
     def list(self) -> tuple[list[Conversation], list[Skipped]]:
         """All readable conversations, newest first, and the files that could not be read."""
