@@ -46,7 +46,7 @@ def _show(entries) -> None:
         table.add_column(col, no_wrap=col != "name", overflow="fold")
     for e in entries:
         status = e.status if e.status == READY else f"[yellow]{e.status}[/]"
-        size = f"{e.size_bytes / 1e9:.2f} GB"
+        size = f"{e.size_bytes / 1e9:.2f} GB" if e.size_bytes >= 10**8 else f"{e.size_bytes / 1e6:.1f} MB"
         table.add_row(escape(e.name), status, e.format, size, f"[{style[e.verdict.fits]}]{e.verdict.fits}[/]")
     console.print(table)
     # Details below the table: they are long, and a narrow terminal would fold them into a tall column.
