@@ -144,3 +144,16 @@ def test_ask_reads_one_answer():
     assert _ask(console, "go? [y/N] ", io.StringIO("no\n")) is False
     assert _ask(console, "go? [y/N] ", io.StringIO("")) is False
     assert "go? [y/N]" in console.file.getvalue()
+
+
+def test_a_download_cut_short_is_offered_again_and_resumes(fake, capsys, monkeypatch):
+    fake.fail_after_bytes = fake.size // 2
+    with pytest.raises(hub.HubError):
+        hub.download(NVFP4_REPO, progress=False)
+    sent = fake.transferred
+    fake.fail_after_bytes = None
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert main(["chat", "--model", NVFP4, "--yes"]) == 0
+    assert "only partly downloaded" in capsys.readouterr().err
+    assert fake.transferred == fake.size and sent > 0  # resumed: the first half was not sent again
+    assert FakeChatApp.made[0].backend._engine is not None

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fakehub import COMMIT, make_cached_snapshot
+from fakehub import COMMIT, install, make_cached_snapshot
 from qwenlocal.app import hub
 from qwenlocal.app.cli import main
 from qwenlocal.app.inventory import INCOMPLETE, NOT_DOWNLOADED, READY, checkpoint_format, list_models
@@ -115,7 +115,7 @@ def test_a_cache_download_cut_short_is_incomplete(home):
     assert e.verdict.fits == "unknown"
 
 
-def test_fit_verdicts_are_the_download_and_load_checks(home, monkeypatch):
+def test_fit_verdicts_are_the_download_and_load_checks(home, monkeypatch, tiny_ckpt, capsys):
     """Not downloaded: download's own report (disk included). On disk: resolve's check before loading."""
     from qwenlocal.app.commands.download import download_fit_report
     from qwenlocal.app.models import fit_check, resolve_model
@@ -132,9 +132,11 @@ def test_fit_verdicts_are_the_download_and_load_checks(home, monkeypatch):
     assert nv.verdict.report.items == loaded.items
     assert nv.verdict.fits == ("caveats" if loaded.warnings else "yes") and loaded.ok
     assert not any(i.what == "disk" for i in nv.verdict.report.items)  # on disk already: no download to fit
-    # The CLI refuses the download the listing says does not fit.
+    # The CLI refuses the download the listing says does not fit (the fake hub lists it; nothing is fetched).
+    fake = install(monkeypatch, {"Qwen/Qwen3.6-35B-A3B": tiny_ckpt}, home)
     monkeypatch.setattr("qwenlocal.app.models.machine_profile", lambda: profile)
     assert main(["download", "qwen3.6-35b-a3b", "--quiet"]) == 1
+    assert "does not fit" in capsys.readouterr().err and fake.transferred == 0
 
 
 def test_json_output(home, tiny_ckpt, monkeypatch, capsys):
@@ -168,3 +170,17 @@ def test_unprobeable_machine_says_unknown(home, monkeypatch):
     entries = list_models()
     assert {e.verdict.fits for e in entries} == {"unknown"}
     assert len(entries) == len(KNOWN_MODELS)
+
+
+def test_cpu_only_verdict_counts_every_weight_at_float32_like_the_load_check(home, monkeypatch, capsys, tiny_ckpt):
+    """`download` and `models` count the CPU path as resolve does before loading: 34.7 G params x 4 B."""
+    from qwenlocal.engine.probe.fake import fake_cpu_profile
+
+    cpu = fake_cpu_profile(ram_total=64.0, ram_available=60.0)
+    monkeypatch.setattr("qwenlocal.app.models.machine_profile", lambda: cpu)
+    nv = next(e for e in list_models() if e.name == "qwen3.6-35b-a3b-nvfp4")
+    assert nv.verdict.fits == "no" and "32-bit: 129.1 GiB" in nv.verdict.why
+    fake = install(monkeypatch, {NVFP4_REPO: tiny_ckpt}, home)
+    assert main(["download", "qwen3.6-35b-a3b-nvfp4", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "does not fit" in err and "32-bit: 129.1 GiB" in err and fake.transferred == 0
