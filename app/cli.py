@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("qwenlocal.app.commands.bench", "measure decode and prefill speed (paired A/B protocol)"),
     "probe": ("qwenlocal.app.commands.probe", "measure this machine and show what the engine will turn on"),
     "download": ("qwenlocal.app.commands.download", "download a checkpoint from the Hugging Face hub"),
+    "models": ("qwenlocal.app.commands.models", "list the downloaded and known models, their sizes and fit"),
     "generate": ("qwenlocal.app.commands.generate", "one prompt in, one streamed reply out (no TUI)"),
     "serve": ("qwenlocal.app.commands.serve", "serve the model over an OpenAI-compatible HTTP API"),
 }

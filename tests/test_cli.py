@@ -14,7 +14,7 @@ def run_cli(*args, env=None):
 def test_help_lists_every_subcommand():
     out = run_cli("--help")
     assert out.returncode == 0
-    for name in ("chat", "bench", "probe", "download", "generate"):
+    for name in ("chat", "bench", "probe", "download", "generate", "models"):
         assert name in out.stdout
 
 

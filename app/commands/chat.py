@@ -31,6 +31,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--theme", choices=["dark", "light"], help="colour theme (F3 toggles)")
     parser.add_argument("--keymap", type=Path,
                         help="JSON {binding id: keys} to remap keys (default: keymap.json in the data folder)")
+    parser.add_argument("--yes", action="store_true",
+                        help="a known --model that is not downloaded yet: download it without asking")
+    parser.add_argument("--force", action="store_true",
+                        help="offer that download even if the fit check says the model will not fit")
     parser.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)  # scripted backend, for UI work
 
 
@@ -67,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
         backend = RemoteBackend(args.endpoint, api_key=args.api_key, model=args.model)
     else:
         from qwenlocal.app.chat.backend import EngineBackend
+        from qwenlocal.app.commands.chat_download import ensure_model_on_disk
 
+        ensure_model_on_disk(args)  # a known model not downloaded yet: offer the download, before the TUI
         backend = EngineBackend(args.model, device=args.device, options=thread_options(args))
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "top_k": args.top_k, "seed": args.seed}

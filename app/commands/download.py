@@ -18,6 +18,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="download even if the fit check says it will not fit")
     parser.add_argument("--list", action="store_true", help="show the known checkpoints and exit")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_fit_arguments(parser)
+
+
+def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that change the fit verdict (`download`, `models`)."""
     fit = parser.add_argument_group("fit check (how the model will be run here)")
     fit.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when present")
     fit.add_argument("--vram-budget", metavar="SIZE", help="VRAM the engine may use, e.g. 16GiB")
@@ -66,17 +71,25 @@ def run(args: argparse.Namespace) -> int:
         return 0
     remaining = listing.remaining_bytes if listing is not None else (known.download_bytes if known else None)
     _fit(console, args, known, repo_id, remaining, target)
+    fetch(console, repo_id, revision, target, listing, quiet=args.quiet)
+    _how_to_use(console, args.id, target)
+    return 0
+
+
+def fetch(console, repo_id: str, revision: str | None, target: Path | None, listing, quiet: bool = False) -> Path:
+    """The download itself, with the hub's progress bars (`download`, and `chat` when it offers one)."""
+    from qwenlocal.app import hub
+
     if listing is not None:
         console.print(f"Downloading {repo_id}: {len(listing.files)} files, {listing.remaining_bytes / 1e9:.2f} GB of "
                       f"{listing.total_bytes / 1e9:.2f} GB still to fetch.")
     try:
-        path = hub.download(repo_id, revision, target, progress=not args.quiet)
+        path = hub.download(repo_id, revision, target, progress=not quiet)
     except KeyboardInterrupt:
         console.print("[yellow]Interrupted.[/] Run the same command again: it resumes where it stopped.")
         raise
     console.print(f"[green]Ready:[/] {path}")
-    _how_to_use(console, args.id, target)
-    return 0
+    return path
 
 
 def _already_complete(hub, repo_id: str, revision: str | None, target: Path | None) -> Path | None:
@@ -87,28 +100,46 @@ def _already_complete(hub, repo_id: str, revision: str | None, target: Path | No
 
 
 def _fit(console, args, known, repo_id: str, remaining: int | None, target: Path | None) -> None:
+    from qwenlocal.engine.options import EngineOptions
+
+    options = EngineOptions.coerce(None, vram_budget=args.vram_budget, max_context=args.max_context)
+    check_download_fit(console, known, repo_id, remaining, target, device=args.device, options=options,
+                       force=args.force)
+
+
+def download_fit_report(known, repo_id: str, remaining: int | None, target: Path | None = None,
+                        device: str | None = None, options=None, profile=None):
+    """The download's fit check: disk for the bytes still to fetch, and RAM/VRAM when the registry knows the
+    sizes and the probe can read this machine. One verdict for `download`, `chat` and `models`."""
     from qwenlocal.app import fit, hub
     from qwenlocal.app.models import machine_profile
-    from qwenlocal.engine.options import EngineOptions
     from qwenlocal.engine.registry import smaller_alternatives
 
     disk_path = target.parent if target else hub.hub_cache_dir()
     need = remaining if remaining is not None else 0
-    options = EngineOptions.coerce(None, vram_budget=args.vram_budget, max_context=args.max_context)
-    profile = machine_profile() if known else None
+    if profile is None and known is not None:
+        profile = machine_profile()
     if known is not None and profile is not None:
-        report = fit.check_fit(known.facts, profile, device=args.device, options=options, download_bytes=need,
-                               disk_path=disk_path, alternatives=smaller_alternatives(known))
-    else:
-        report = fit.disk_report(repo_id, need, disk_path)
-        if known is None:
-            console.print("[dim]RAM and VRAM are checked when the model is loaded (its sizes are not known yet).[/]")
+        # params: the CPU path holds every weight at float32, as resolve's check before loading counts it.
+        return fit.check_fit(known.facts, profile, device=device, options=options, download_bytes=need,
+                             disk_path=disk_path, alternatives=smaller_alternatives(known), params=known.params)
+    return fit.disk_report(repo_id, need, disk_path)
+
+
+def check_download_fit(console, known, repo_id: str, remaining: int | None, target: Path | None, *,
+                       device: str | None = None, options=None, force: bool = False,
+                       force_hint: str = "--force goes ahead anyway."):
+    """Show the fit table; raise ResourceError when it does not fit (unless force). Returns the report."""
+    report = download_fit_report(known, repo_id, remaining, target, device=device, options=options)
+    if known is None:
+        console.print("[dim]RAM and VRAM are checked when the model is loaded (its sizes are not known yet).[/]")
     _show_fit(console, report)
-    if report.failures and args.force:
+    if report.failures and force:
         console.print("[yellow]--force: downloading anyway.[/]")
-    report.raise_if_unfit(force=args.force)
+    report.raise_if_unfit(force=force, force_hint=force_hint)
     if report.warnings:
         console.print(report.message())
+    return report
 
 
 def _show_fit(console, report) -> None:
