@@ -186,3 +186,17 @@ async def test_no_code_block_says_so_and_f1_lists_the_keys(tmp_path, monkeypatch
         help_text = app.screen.query_one("Markdown").source
         for key, bid in (("f8", "chat.code_next"), ("shift+f8", "chat.code_prev"), ("ctrl+l", "chat.copy_code")):
             assert f"`{key}` — " in help_text and f"*({bid})*" in help_text
+
+
+def test_a_tool_that_does_not_answer_is_given_up_and_named(tmp_path, monkeypatch):
+    from qwenlocal.app.chat.clipboard import TOOL_TIMEOUT_S, copy_locally
+
+    def hang(argv, **kwargs):  # subprocess.run kills the child itself when the timeout passes
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+
+    FakeTools(monkeypatch, present={"xsel"})
+    monkeypatch.setattr(subprocess, "run", hang)
+    outcome = copy_locally("x = 1", tmp_path)
+    assert outcome.tool == "" and outcome.failures == [f"xsel (no answer in {TOOL_TIMEOUT_S:g} s)"]
+    assert outcome.saved_to == tmp_path / CLIPBOARD_FILE and outcome.saved_to.read_text() == "x = 1"
+    assert "Failed: xsel (no answer in 3 s)." in outcome.message() and "Copied" not in outcome.message()
