@@ -146,7 +146,8 @@ async def test_conversations_persist_and_reopen_skipping_corrupt_files(tmp_path)
         assert app.conv.id == data["id"]
 
 
-async def test_save_transcript_and_copy_reply(tmp_path):
+async def test_save_transcript_and_copy_reply(tmp_path, monkeypatch):
+    monkeypatch.setattr("qwenlocal.app.chat.clipboard.TOOLS", ())  # never the developer's real clipboard
     app = make_app(tmp_path, ScriptedBackend([ScriptedReply(answer="the **answer**")]))
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_ready(pilot)
@@ -159,7 +160,8 @@ async def test_save_transcript_and_copy_reply(tmp_path):
         await pilot.press("ctrl+s")  # the default place: export_dir/<conversation id>.md/.json
         assert (tmp_path / "exports" / f"{app.conv.id}.md").is_file()
         await pilot.press("ctrl+b")
-        assert app.clipboard == "the **answer**"
+        await wait_for(pilot, lambda: (tmp_path / "clipboard.txt").is_file(), what="the copy's fallback file")
+        assert app.clipboard == "the **answer**" == (tmp_path / "clipboard.txt").read_text()
 
 
 async def test_help_details_theme_and_keymap(tmp_path):

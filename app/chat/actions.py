@@ -45,7 +45,8 @@ class ChatActions:
 
     # ----- conversation -----
     def action_stop(self) -> None:
-        self.stop_generation()
+        if not self.stop_generation():
+            self.clear_code_focus()  # Esc with no reply in flight drops the code-block highlight (copying.py)
 
     async def _rewind(self, n: int) -> None:
         """Stop any reply in flight and drop the messages (and their widgets) from index n on."""
@@ -187,16 +188,7 @@ class ChatActions:
     def action_toggle_theme(self) -> None:
         self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
 
-    # ----- output -----
-    def action_copy_reply(self) -> None:
-        idx = self.conv.last_index("assistant")
-        if idx is None:
-            self.notify("No reply to copy yet.", severity="warning")
-            return
-        text = self.conv.messages[idx].content
-        self.copy_to_clipboard(text)
-        self.notify(f"Copied the last reply ({len(text)} characters).")
-
+    # ----- output (copying: copying.py) -----
     async def slash_save(self, arg: str) -> None:
         self._save_transcript(Path(arg).expanduser())
 

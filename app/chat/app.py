@@ -26,6 +26,7 @@ from .actions import ChatActions
 from .backend import ChatBackend, explain_load_error
 from .commands import ChatCommandsProvider
 from .context import ContextTooLong, fit_to_context
+from .copying import CopyActions
 from .conversation import Conversation
 from .modals import ErrorModal
 from .panels import LoadingScreen
@@ -68,7 +69,7 @@ def warm_code_highlighting() -> None:
         pass
 
 
-class ChatApp(ChatActions, App[int]):
+class ChatApp(ChatActions, CopyActions, App[int]):
     CSS_PATH = _css_path()
     TITLE = "qwenlocal chat"
     COMMANDS = App.COMMANDS | {ChatCommandsProvider}
@@ -87,6 +88,12 @@ class ChatApp(ChatActions, App[int]):
                 tooltip="Save the transcript as Markdown and JSON"),
         Binding("ctrl+b", "copy_reply", "Copy reply", id="chat.copy", show=False,
                 tooltip="Copy the last reply to the clipboard"),
+        Binding("f8", "code_older", "Code block", id="chat.code_next", show=False,
+                tooltip="Highlight the next code block (newest first, cycles)"),
+        Binding("shift+f8", "code_newer", "Code block back", id="chat.code_prev", show=False,
+                tooltip="Highlight the previous (newer) code block"),
+        Binding("ctrl+l", "copy_code", "Copy code", id="chat.copy_code", show=False,
+                tooltip="Copy the highlighted code block (none highlighted: the newest)"),
         Binding("f3", "toggle_theme", "Theme", id="chat.theme", show=False, tooltip="Light/dark theme"),
         Binding("f4", "system_prompt", "System prompt", id="chat.system", show=False,
                 tooltip="Set the system prompt"),

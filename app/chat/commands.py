@@ -29,6 +29,7 @@ COMMANDS: tuple[ChatCommand, ...] = (
                 "[key=value ...]"),
     ChatCommand("think", "toggle_thinking", "Thinking on/off", "Let the model think before answering", "[on|off]"),
     ChatCommand("copy", "copy_reply", "Copy last reply", "Copy the last reply to the clipboard"),
+    ChatCommand("code", "copy_code", "Copy code block", "Copy the highlighted code block (none: the newest)"),
     ChatCommand("save", "save_transcript", "Save transcript", "Write the conversation as Markdown and JSON",
                 "[PATH]"),
     ChatCommand("open", "open_conversation", "Open a past conversation",
