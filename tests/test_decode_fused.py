@@ -61,3 +61,12 @@ def test_fused_decode_matches_on_a_bf16_checkpoint(tiny_ckpt):
     """Plain weights and dense experts: the fused norms, projections, router, GDN step and attention prologue
     with the unfused expert kernels."""
     _check(tiny_ckpt, steps=2, expert_format="auto", linear_format="auto")
+
+
+@pytest.mark.parametrize("split", ["copy-side", "shared-side"])
+def test_fused_decode_with_the_shared_expert_apart_is_byte_equal_to_serial(quantized_ckpt, split):
+    """The overlap's shared expert apart (same kernels' programs, ids [1, 0]) gives the serial step's bytes."""
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(4))
+    serial = _engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24)
+    apart = _engine(quantized_ckpt, True, split, expert_slots=12).score(ids, prefill=24)
+    assert torch.equal(serial, apart)

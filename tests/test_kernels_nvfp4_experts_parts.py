@@ -116,3 +116,28 @@ def test_gpu_real_shape_parts_graph_replay_and_no_sync():
         g_parts, (g_x, g_norm) = step()
     graph.replay()
     assert torch.equal(g_parts, parts) and torch.equal(g_x, new_x) and torch.equal(g_norm, normed)
+
+
+def test_the_shared_expert_alone_gives_the_joint_launchs_bytes(nan_empty):
+    """The decode overlap computes the shared expert apart (ids [1, 0] with extra) into the last part while the
+    routed experts fill the others (write_shared=False): the same bytes as one joint launch, act and parts."""
+    from qwenlocal.engine.kernels.nvfp4_experts_decode import expert_gate_up
+
+    for hidden, inter, experts, ids in SIZES:
+        x, weights, ids_t, rows, shared, scale, _ = _problem(hidden, inter, experts, ids, 17)
+        x, weights, ids_t, rows, scale = _dev(x, weights, ids_t, rows, scale)
+        gu, dn = _dev(shared[0] + shared[1])[0], _dev(shared[2])[0]
+        k = ids_t.shape[-1]
+        act = expert_gate_up(x, ids_t, rows, hidden, inter, gu)
+        joint = expert_down_parts(act, weights, ids_t, rows, hidden, inter, dn, scale)
+        none = ids_t[:, :0]
+        act_shared = expert_gate_up(x, none, rows, hidden, inter, gu)
+        assert act_shared.shape == (1, inter) and torch.equal(act_shared, act[k:])
+        parts = torch.full((k + 1, 1, hidden), float("nan"), device=DEVICE)
+        expert_down_parts(act_shared, weights, none, rows, hidden, inter, dn, scale, out=parts[k:])
+        routed_act = expert_gate_up(x, ids_t, rows, hidden, inter)
+        assert torch.equal(routed_act, act[:k])
+        expert_down_parts(routed_act, weights, ids_t, rows, hidden, inter, out=parts, write_shared=False)
+        assert torch.equal(parts, joint)
+    with pytest.raises(ValueError, match="write_shared=False"):
+        expert_down_parts(act, weights, ids_t, rows, hidden, inter, dn, scale, write_shared=False)

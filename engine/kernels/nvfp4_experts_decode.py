@@ -170,7 +170,10 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
     j = tl.program_id(0)  # expert: 0..k-1 routed, k the extra (shared) one
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < I
-    e = tl.load(ids_ptr + tl.minimum(j, K_ROUTED - 1)).to(tl.int64)
+    if K_ROUTED > 0:
+        e = tl.load(ids_ptr + tl.minimum(j, K_ROUTED - 1)).to(tl.int64)
+    else:  # the shared expert alone (no ids to read): row 0's pointers stand in until replaced below
+        e = tl.zeros([], dtype=tl.int64)
     gate_w = words_ptr + e * row_words  # gate rows 0..I-1 of gate_up, up rows I..2I-1
     up_w = gate_w + I * (H // 8)
     gate_s = bytes_ptr + e * row_words * 4 + gu_scale_at

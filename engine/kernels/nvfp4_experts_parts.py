@@ -60,13 +60,17 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
 
 def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int,
                       inter: int, extra: tuple | None = None, extra_scale: torch.Tensor | None = None,
-                      addend: torch.Tensor | None = None, out: torch.Tensor | None = None, *, block_m: int = 16,
+                      addend: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
+                      write_shared: bool = True, block_m: int = 16,
                       block_g: int | None = None, num_warps: int = 2, decode: str | None = None,
                       x_split: bool = True, group_scales: bool = True) -> torch.Tensor:
     """fp32 parts [k + 1, 1, H]: parts[j] = weights[0, j] * (down_j @ act[j]) for the row rows[ids[0, j]],
     parts[k] = extra_scale * (down_extra @ act[k]) with extra = (down_packed, down_scale, down_scale2), or
     addend [1, H] (any float dtype), or zeros. act fp32 [k (+1), I] (expert_gate_up's). One launch, grid
-    (H / block_m, k + 1). Summed in order by add_rms_norm (a 3-D delta)."""
+    (H / block_m, k + 1). Summed in order by add_rms_norm (a 3-D delta).
+    write_shared=False: row k is left to the caller (grid (H / block_m, k)). The shared expert computed apart
+    (beside the miss copy) in the same bytes as in the joint launch: expert_gate_up with ids [1, 0] and extra,
+    then this with ids [1, 0], extra and out = parts[k:], i.e. the same programs' arithmetic."""
     if extra is not None and addend is not None:
         raise ValueError("give the shared expert as extra (its down projection) or as addend, not both")
     words = _check(rows, hidden, inter)
@@ -79,7 +83,9 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     scale = extra_scale.reshape(-1) if extra_scale is not None else act
     bg = _block_g(inter, block_g)
     off = _row_offsets(hidden, inter)
-    expert_down_parts_kernel[(triton.cdiv(hidden, block_m), k + 1)](
+    if not write_shared and (extra is not None or addend is not None):
+        raise ValueError("write_shared=False leaves the shared row to the caller: give neither extra nor addend")
+    expert_down_parts_kernel[(triton.cdiv(hidden, block_m), k + 1 if write_shared else k)](
         act.contiguous(), weights.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out,
         hidden, inter, words.stride(0), off["dn_at"], off["dn_scale_at"], off["glob_at"], *down, scale,
         addend.reshape(-1).contiguous() if addend is not None else act,

@@ -125,22 +125,24 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None
             act = expert_gate_up(h, slots, rows, cfg_h, cfg_i, extra=gate_up_extra)
             return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                      extra_scale=shared_scale)
-        shared = moe.overlap.run(copy, lambda: _shared_alone(moe, h, shared_scale), h)
+        # The shared expert apart (on its stream beside the miss copy): the same two kernels' programs with no
+        # routed experts, writing the last part, so the bytes are those of the serial launch.
+        k = slots.shape[-1]
+        parts = torch.empty(k + 1, 1, cfg_h, device=h.device, dtype=torch.float32)
+        none = slots[:, :0]
+
+        def shared_alone():
+            act_shared = expert_gate_up(h, none, rows, cfg_h, cfg_i, extra=gate_up_extra)
+            expert_down_parts(act_shared, weights, none, rows, cfg_h, cfg_i, extra=down_extra,
+                              extra_scale=shared_scale, out=parts[k:])
+
+        moe.overlap.run(copy, shared_alone, h)
         act = expert_gate_up(h, slots, rows, cfg_h, cfg_i)
-        return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, addend=shared)
+        return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, out=parts, write_shared=False)
     # Dense experts (the BF16 checkpoint) or a dense shared expert: the fused router, then the unfused kernels.
     shared = moe.overlap.run(copy, lambda: shared_scale.to(h.dtype) * swiglu(h, *moe.shared), h)
     kernel = moe.kernels.experts_decode_nvfp4 if moe.experts.fmt == "nvfp4" else moe.kernels.experts_decode
     return kernel(h, weights, slots, *expert_weights) + shared
-
-
-def _shared_alone(moe: "SparseMoE", h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The shared expert by itself, fp32 [1, H] (on its stream while the miss copy runs, when the overlap is on):
-    gate+up in one GEMV, SwiGLU, down, times its sigmoid gate; added by the routed down kernel's epilogue."""
-    gate, up, down = moe.shared
-    g, u = gemv_multi(h, [gate, up], out_dtype=torch.float32).split(moe.inter, dim=-1)
-    act = torch.nn.functional.silu(g) * u
-    return gemv(act, down, out_dtype=torch.float32) * scale
 
 
 def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor, state: "SequenceState",
