@@ -12,7 +12,7 @@ OVERLAP_MODES = ("auto", "off", "copy-side", "shared-side")
 EXPERT_FORMATS = ("auto", "dense", "nvfp4")
 LINEAR_FORMATS = ("auto", "native", "dequantized")
 FP8_PREFILL = ("auto", "dequantize", "scaled-mm")
-DECODE_KERNELS = ("auto", "fused", "fused-plain", "reference")
+DECODE_KERNELS = ("auto", "fused", "fused-pdl", "reference")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -60,9 +60,9 @@ class EngineOptions:
     fp8_prefill: str = "auto"
     # The batch-1 decode step: "fused" = the fused Triton decode kernels (fewer, larger launches: merged
     # projections, fused norms/router/GDN step/attention prologue, all-SM expert GEMVs); "reference" = the
-    # unfused torch/Triton path they are tested against; "auto" = fused on a GPU with Triton. On sm_90+ the fused
-    # kernels are launched with programmatic dependent launch (each one's launch overlaps the previous one's
-    # tail); "fused-plain" = the same kernels with plain launches (the A/B arm; the same bytes).
+    # unfused torch/Triton path they are tested against; "auto" = fused on a GPU with Triton. "fused-pdl" = the
+    # fused kernels launched with programmatic dependent launch (sm_90+: each launch overlaps the previous
+    # kernel's tail; the same bytes). Opt-in until it is measured and its model-level GPU gate has run.
     decode_kernels: str = "auto"
     # CPU threads for torch (set once when a CPU engine is built); None = physical cores less one, at most 8.
     threads: int | None = None

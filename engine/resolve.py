@@ -370,7 +370,7 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, 
     """part -> (kernel name, reason) for attention, gdn, moe and the batch-1 decode step. capability: the
     GPU's compute capability (programmatic dependent launch needs sm_90+)."""
     if dev != "cuda":
-        if decode_kernels in ("fused", "fused-plain"):
+        if decode_kernels in ("fused", "fused-pdl"):
             raise OptionError("decode_kernels=fused needs a CUDA GPU with Triton; on the CPU use decode_kernels=auto "
                               "or reference")
         return {"attention": ("sdpa", "CPU: torch SDPA over a contiguous KV cache (the reference path)"),
@@ -399,13 +399,16 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, 
         out["moe"] = ("torch", "Triton is not available: per-expert loop (syncs; no CUDA graphs)")
     if decode_kernels == "reference":
         out["decode"] = ("reference", "the unfused decode path")
-    elif sw.triton and decode_kernels != "fused-plain" and capability is not None and capability >= (9, 0):
+    elif decode_kernels == "fused-pdl" and not (sw.triton and capability is not None and capability >= (9, 0)):
+        raise OptionError("decode_kernels=fused-pdl needs Triton and a GPU of compute capability 9.0+ "
+                          f"(this one: {'.'.join(map(str, capability)) if capability else 'unknown'}); use "
+                          "decode_kernels=auto")
+    elif decode_kernels == "fused-pdl":
         out["decode"] = ("fused-pdl", "fused Triton batch-1 decode kernels, launched with programmatic dependent "
-                                      "launch (sm_90+: each launch overlaps the previous kernel's tail)")
+                                      "launch (each launch overlaps the previous kernel's tail)")
     elif sw.triton:
-        why = ("plain launches (decode_kernels=fused-plain)" if decode_kernels == "fused-plain" else
-               "plain launches (programmatic dependent launch needs compute capability 9.0+)")
-        out["decode"] = ("fused", f"fused Triton batch-1 decode kernels, {why}")
+        out["decode"] = ("fused", "fused Triton batch-1 decode kernels (plain launches; decode_kernels=fused-pdl "
+                                  "adds programmatic dependent launch on sm_90+)")
     else:
         out["decode"] = ("reference", "the unfused decode path (Triton is not available)")
     return out

@@ -111,7 +111,9 @@ def test_the_two_old_disagreements_are_what_runs():
     gpu = resolve({"expert_slots": 2000}, BIG_NVFP4, fake.h200(), "cuda", ALL)
     assert gpu.slots == 2000 and gpu.bank == "pin-all" and gpu.bank_pinned and gpu.layer_major
     # The fused decode step keeps the shared expert inside the expert kernels: serial measured faster.
-    assert gpu.decode == "fused-pdl" and gpu.overlap == "off" and "measured slower" in gpu.reason("overlap")
+    assert gpu.decode == "fused" and gpu.overlap == "off" and "measured slower" in gpu.reason("overlap")
+    pdl = resolve({"expert_slots": 2000, "decode_kernels": "fused-pdl"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
+    assert pdl.decode == "fused-pdl" and pdl.overlap == "off" and "programmatic" in pdl.reason("decode")
     unfused = resolve({"expert_slots": 2000, "decode_kernels": "reference"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
     assert unfused.overlap == "copy-side" and "3 copy engines" in unfused.reason("overlap")
     assert gpu.stream_buffers == "borrowed" and gpu.vram.slots == 2000 * nvfp4_row_bytes(2048, 512)
@@ -193,6 +195,10 @@ def test_bad_combinations_fail_in_resolve_naming_the_option(tiny_ckpt, monkeypat
     with pytest.raises(OptionError, match="fp8_prefill"):
         resolve({"fp8_prefill": "scaled-mm"}, BIG_NVFP4, fake.fake_gpu_profile(cc="8.6"), "cuda",
                 Software(triton=True, fp8_tensor_cores=False))
+    with pytest.raises(OptionError, match="decode_kernels=fused-pdl"):  # programmatic launch needs sm_90+
+        resolve({"decode_kernels": "fused-pdl"}, BIG_NVFP4, fake.fake_gpu_profile(cc="8.6"), "cuda", ALL)
+    with pytest.raises(OptionError, match="decode_kernels"):
+        resolve({"decode_kernels": "fused-pdl"}, TINY, None, "cpu", NONE)
     with pytest.raises(OptionError, match="dtype"):
         resolve({}, TINY, None, "cpu", NONE, dtype="int8")
     with pytest.raises(OptionError, match="unknown engine option"):
