@@ -20,8 +20,10 @@ from qwenlocal.engine.errors import OptionError
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="checkpoint folder, known name, hub id or synthetic:NAME "
                                         "(default: the built-in demo model; on the GPU: synthetic:qwen3.6-35b-a3b)")
-    parser.add_argument("--arms", default="baseline,chunk-512",
-                        help="registered arms, comma-separated; the first is the reference (see --list-arms)")
+    parser.add_argument("--arms", default="baseline",
+                        help="registered arms, comma-separated; the first is the reference (see --list-arms). "
+                             "Default: baseline alone (the engine's own choices); name more, or add --arm, to "
+                             "compare")
     parser.add_argument("--arm", action="append", default=[], metavar="NAME:key=value,...",
                         help="an ad-hoc arm of engine options, e.g. small:prefill_chunk=256 (repeatable)")
     parser.add_argument("--list-arms", action="store_true", help="show the registered arms and exit")
