@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -199,3 +200,35 @@ async def _saved_reply(home: Path, timeout: float) -> str:
                 return done[-1]
         await asyncio.sleep(0.2)
     raise AssertionError("no reply was saved within the timeout")
+
+
+def test_model_that_does_not_fit_leaves_nothing_started(monkeypatch, capsys):
+    from qwenlocal.app import models
+    from qwenlocal.engine.errors import ResourceError
+
+    def unfit(ref, **kwargs):
+        raise ResourceError("the model needs 40 GiB of RAM and this machine has 16 GiB: pick a smaller one")
+
+    monkeypatch.setattr(models, "resolve_model", unfit)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    threads = {t.name for t in threading.enumerate()}
+    assert main(["chat", "--web", "--no-browser", "--port", str(port), "--model", "big"]) == 1
+    assert "pick a smaller one" in capsys.readouterr().err
+    assert {t.name for t in threading.enumerate()} <= threads  # no engine or HTTP thread left running
+    with socket.socket() as again:  # and the page's port was released
+        again.bind(("127.0.0.1", port))
+
+
+def test_browser_that_does_not_open_is_reported(monkeypatch, capsys):
+    import webbrowser
+
+    from qwenlocal.app.commands import chat_web
+
+    monkeypatch.setattr(webbrowser, "open", lambda url, new=0: False)
+    chat_web.open_browser("http://127.0.0.1:8765/")
+    deadline = time.monotonic() + 5
+    while "qwenlocal-browser" in {t.name for t in threading.enumerate()} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "could not open a browser here; open http://127.0.0.1:8765/ yourself" in capsys.readouterr().err
