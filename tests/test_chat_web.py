@@ -232,3 +232,30 @@ def test_browser_that_does_not_open_is_reported(monkeypatch, capsys):
     while "qwenlocal-browser" in {t.name for t in threading.enumerate()} and time.monotonic() < deadline:
         time.sleep(0.01)
     assert "could not open a browser here; open http://127.0.0.1:8765/ yourself" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the process tree")
+def test_exposed_page_asks_for_the_key_and_keeps_it_out_of_the_url(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret\n")
+    env = {**os.environ, "QWENLOCAL_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "qwenlocal.app.cli", "chat", "--web", "--no-browser", "--host",
+                             "0.0.0.0", "--api-key-file", str(key_file), "--port", "0", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        line = _read_until_url(proc, 60)
+        url = re.search(r"(http://\S+/)\s", line).group(1)
+        assert "s3cret" not in line and "password: the API key" in line
+        for path in ("", "ws", "static/js/textual.js"):
+            refused = httpx.get(url + path)
+            assert refused.status_code == 401 and "Basic" in refused.headers["www-authenticate"]
+        assert httpx.get(url, auth=("me", "wrong")).status_code == 401
+        page = httpx.get(url, auth=("me", "s3cret"))
+        assert page.status_code == 200 and "s3cret" not in page.text
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
