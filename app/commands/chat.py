@@ -20,7 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser)
     parser.add_argument("--endpoint", help="chat with an OpenAI-compatible server instead (vLLM, SGLang, "
                                            "llama-server, qwenlocal serve), e.g. http://127.0.0.1:8000/v1")
-    parser.add_argument("--api-key", help="API key for --endpoint (sent as a Bearer token)")
+    parser.add_argument("--api-key", help="API key for --endpoint (sent as a Bearer token); with --web, the "
+                                          "page's password")
     parser.add_argument("--system", default="", help="system prompt")
     parser.add_argument("--no-think", action="store_true", help="start with thinking off")
     parser.add_argument("--max-tokens", type=int, help="max tokens per reply (default: the model's)")
@@ -35,6 +36,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a known --model that is not downloaded yet: download it without asking")
     parser.add_argument("--force", action="store_true",
                         help="offer that download even if the fit check says the model will not fit")
+    web = parser.add_argument_group("in the browser (--web)")
+    web.add_argument("--web", action="store_true",
+                     help="open the chat in the browser: one engine server, every tab a client of it")
+    web.add_argument("--host", default="127.0.0.1",
+                     help="address the page listens on (default 127.0.0.1: this machine only; any other needs "
+                          "--api-key or --api-key-file, which the browser asks for as the password)")
+    web.add_argument("--port", type=int, default=None, help="the page's port (default 8765; 0: any free port)")
+    web.add_argument("--api-key-file", help="read the page's API key from this file (keeps it out of `ps`)")
+    web.add_argument("--no-browser", action="store_true", help="print the page's address, do not open a browser")
     parser.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)  # scripted backend, for UI work
 
 
@@ -58,6 +68,15 @@ def load_keymap(path: Path | None) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.web:
+        from qwenlocal.app.commands.chat_web import DEFAULT_WEB_PORT, run_web
+
+        args.port = DEFAULT_WEB_PORT if args.port is None else args.port
+        return run_web(args)
+    for flag, value in (("--port", args.port), ("--no-browser", args.no_browser or None),
+                        ("--api-key-file", args.api_key_file), ("--host", None if args.host == "127.0.0.1" else 1)):
+        if value is not None:
+            raise OptionError(f"{flag} is for --web (the chat in the browser); add --web or leave it out")
     from qwenlocal.app.chat.app import ChatApp
 
     if args.fake:

@@ -9,4 +9,5 @@ Modules, each with one job (none imports torch at import time; the engine is imp
   server         the FastAPI app (routes, auth, errors, streaming, disconnect -> cancel) and a launcher
   remote_client  engine events from any OpenAI-compatible server (for `qwenlocal chat --endpoint`)
   loadtest       a bounded loopback load test with a serial replay check
+  webfront       the browser page of `qwenlocal chat --web` (textual-serve: one --endpoint chat per tab)
 """
