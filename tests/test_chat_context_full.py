@@ -316,3 +316,24 @@ async def test_a_failing_summary_drops_instead(tmp_path):
         assert notes(app)[0].startswith("Summarising failed: the engine failed: the scripted engine failed on "
                                         "purpose: 1 oldest turn dropped to fit")
         assert app.conv.messages[-1].finish_reason == "stop"
+
+
+async def test_the_question_keys_are_remappable_and_f1_lists_them(tmp_path):
+    keymap = {"context_full.drop": "x"}
+    app = make_app(tmp_path, backend_for(), system="be brief", keymap=keymap)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+        from textual.widgets import Markdown
+
+        text = app.screen.query_one(Markdown).source
+        assert "- `x` — Drop the oldest turns from what is sent *(context_full.drop)*" in text
+        assert "- `m` — Remember my choice (for every conversation) *(context_full.remember)*" in text
+        await pilot.press("escape")
+        await fill(pilot)
+        modal = await send_until_asked(pilot, words(30, "q3_"))
+        assert str(modal.query_one(".hint").render()).startswith("x drop · s summarise · m remember · Esc cancel")
+        await pilot.press("x")
+        await wait_turn(pilot)
+        assert "1 oldest turn dropped to fit" in notes(app)[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .commands import SlashError, parse_slash
 from .conversation import Conversation, clean_title
-from .modals import SamplingModal, TextEditModal
+from .modals import ContextFullModal, SamplingModal, TextEditModal
 from .panels import DetailsScreen, HelpScreen, details_markdown
 from .picker import ConversationPicker
 from .prompt import SEND_DEFAULT, SEND_ID, PromptInput
@@ -289,7 +289,8 @@ class ChatActions:
 
     def action_help(self) -> None:
         open_key = next(self.keymap.get(b.id, b.key) for b in self.BINDINGS if b.id == "chat.open")
-        self.push_screen(HelpScreen(self.binding_table(), self.picker_binding_table(), open_key))
+        context_full = [(self.keymap.get(b.id, b.key), b.tooltip, b.id) for b in ContextFullModal.BINDINGS]
+        self.push_screen(HelpScreen(self.binding_table(), self.picker_binding_table(), open_key, context_full))
 
     def action_details(self) -> None:
         stats = {**self.backend.stats(), **self.status.values}

@@ -195,29 +195,39 @@ class ContextFullModal(ModalScreen[tuple[str, bool] | None]):
     """The conversation outgrew the context: drop or summarise the oldest turns, or cancel (the message goes
     back to the prompt). Dismissed with (choice, remember) or None."""
 
-    BINDINGS = [Binding("d", "choose('drop')", "Drop", id="context_full.drop"),
-                Binding("s", "choose('summarise')", "Summarise", id="context_full.summarise"),
-                Binding("m", "remember", "Remember", id="context_full.remember"),
-                Binding("escape", "cancel", "Cancel", id="context_full.cancel")]
+    BINDINGS = [Binding("d", "choose('drop')", "Drop", id="context_full.drop",
+                        tooltip="Drop the oldest turns from what is sent"),
+                Binding("s", "choose('summarise')", "Summarise", id="context_full.summarise",
+                        tooltip="Summarise the oldest turns (the model writes the summary)"),
+                Binding("m", "remember", "Remember", id="context_full.remember",
+                        tooltip="Remember my choice (for every conversation)"),
+                Binding("escape", "cancel", "Cancel", id="context_full.cancel",
+                        tooltip="Cancel: the message is not sent, it goes back to the prompt")]
 
-    def __init__(self, turns: int, tokens: int, limit: int):
+    def __init__(self, turns: int, tokens: int, limit: int, keymap: dict | None = None):
         super().__init__(classes="modal context-full-modal")
         self.turns, self.tokens, self.limit = turns, tokens, limit
+        self.keymap = keymap or {}  # for the hint: the keys as remapped
+
+    def _key(self, binding_id: str) -> str:
+        default = next(b.key for b in self.BINDINGS if b.id == binding_id)
+        return self.keymap.get(binding_id, default).replace("escape", "Esc")
 
     def compose(self) -> ComposeResult:
-        oldest = f"the oldest {self.turns} turn{'s' if self.turns != 1 else ''}"
+        oldest = f"at least the {self.turns} oldest turns" if self.turns != 1 else "at least the oldest turn"
         with Vertical(classes="dialog") as box:
             box.border_title = "The conversation outgrew the context"
             yield Static(f"This conversation is {self.tokens} tokens and the context holds {self.limit}. To send "
-                         f"your message, {oldest} (at least) must be left out of what the model sees, or replaced "
-                         "by a short summary. The saved conversation keeps every turn.", id="context-full-message",
+                         f"your message, {oldest} must be left out of what the model sees, or replaced by a "
+                         "short summary. The saved conversation keeps every turn.", id="context-full-message",
                          markup=False)
             yield Checkbox("Remember my choice (F5 changes it)", id="remember", compact=True)
-            yield Static("d drop · s summarise · m remember · Esc cancel (the message is not sent)",
-                         classes="hint", markup=False)
+            keys = {name: self._key(f"context_full.{name}") for name in ("drop", "summarise", "remember", "cancel")}
+            yield Static(f"{keys['drop']} drop · {keys['summarise']} summarise · {keys['remember']} remember · "
+                         f"{keys['cancel']} cancel (the message is not sent)", classes="hint", markup=False)
             with Horizontal(classes="buttons"):
-                yield Button("Drop the oldest turns", id="drop", compact=True)
-                yield Button("Summarise the oldest turns", variant="primary", id="summarise", compact=True)
+                yield Button("Drop oldest turns", id="drop", compact=True)
+                yield Button("Summarise oldest turns", variant="primary", id="summarise", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)
 
     def on_mount(self) -> None:

@@ -129,7 +129,7 @@ class ContextFullActions:
             await self.start_turn()
 
         self.status.show(state="asking")
-        self.push_screen(ContextFullModal(m.turns, m.tokens, m.limit), chosen)
+        self.push_screen(ContextFullModal(m.turns, m.tokens, m.limit, keymap=self.keymap), chosen)
 
     async def _unsend_last_message(self) -> None:
         """Cancel in the modal: the message goes back to the prompt, as if it had not been sent."""
