@@ -94,8 +94,10 @@ def test_the_summary_request_is_bounded():
     turns[0]["content"] = words(3000, "huge")
     request = summary_request("the earlier summary", turns, 32, count, 512)
     assert count(request) + 32 <= 512
-    assert "(Earlier summary) the earlier summary" in request[1]["content"]
-    assert "[…]" in request[1]["content"] and "Assistant: a0" in request[1]["content"]
+    [ask] = request  # one user message: no system prompt to pay for
+    assert ask["role"] == "user" and "at most 21 words" in ask["content"]
+    assert "(Earlier summary) the earlier summary" in ask["content"]
+    assert "[…]" in ask["content"] and "Assistant: a0" in ask["content"]
     with pytest.raises(SummaryFailed, match="do not fit"):
         summary_request("", turns, 32, count, 100)
 

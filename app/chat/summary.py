@@ -12,8 +12,9 @@ from typing import Callable, Sequence
 
 from qwenlocal.engine.events import EngineError, TurnDone
 
-INSTRUCTIONS = ("You write short, factual summaries of conversations for an assistant that will continue them. "
-                "Keep names, numbers, decisions, code identifiers and open questions. No preamble.")
+# One user message, no system prompt: in a small context every token of the instructions is one less for the turns.
+ASK = ("Summarise the conversation below in at most {words} words, for the assistant that continues it. Keep names, "
+       "numbers, decisions and open questions; no preamble.\n\n")
 _CAP_START = 4000  # characters a message keeps in the request before the request is found too long
 
 
@@ -42,9 +43,7 @@ def summary_request(previous: str, turns: Sequence[dict], budget: int, count: Ca
     words = max(10, budget * 2 // 3)
     cap = _CAP_START
     while cap >= 50:
-        request = [{"role": "system", "content": INSTRUCTIONS},
-                   {"role": "user", "content": f"Summarise this conversation in at most {words} words:\n\n"
-                                               + _transcript(previous, turns, cap)}]
+        request = [{"role": "user", "content": ASK.format(words=words) + _transcript(previous, turns, cap)}]
         if count(request) + budget <= limit:
             return request
         cap //= 2
