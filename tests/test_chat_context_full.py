@@ -339,3 +339,19 @@ async def test_the_question_keys_are_remappable_and_f1_lists_them(tmp_path):
         await pilot.press("x")
         await wait_turn(pilot)
         assert "1 oldest turn dropped to fit" in notes(app)[0]
+
+
+def test_a_malformed_saved_summary_is_ignored_not_fatal():
+    from qwenlocal.app.chat.conversation import Conversation
+
+    conv = Conversation(system="s")
+    for t in range(2):
+        conv.add("user", f"q{t}")
+        conv.add("assistant", f"a{t}")
+    good = {"upto": 2, "text": "t", "tokens": 1, "turns": 1}
+    assert Conversation.from_json({**conv.to_json(), "summary": good}).summary == good
+    for bad in ({"upto": 9, "text": "t", "tokens": 1, "turns": 1}, {"text": "t"}, "nonsense", None):
+        loaded = Conversation.from_json({**conv.to_json(), "summary": bad})
+        assert loaded.summary == {} and len(loaded.messages) == 4
+    conv.summary = good
+    assert [m["content"] for m in conv.engine_messages(start=conv.summary["upto"])] == ["s", "q1", "a1"]

@@ -267,8 +267,10 @@ class ChatApp(ChatActions, ContextFullActions, CopyActions, App[int]):
         self.view.anchor()
         self.status.reset_turn()
         self.status.show(state="generating")
-        self._generate(self._turn_id, self.send_plan(), dict(self.sampling), self.thinking, cancel,
-                       prev_done, self._turn_done, reuse_prefix)
+        self._summary_cancel = threading.Event()  # Esc while this turn summarises (stop_generation)
+        plan = self.send_plan(self._summary_cancel)
+        self._generate(self._turn_id, plan, dict(self.sampling), self.thinking, cancel, prev_done, self._turn_done,
+                       reuse_prefix)
 
     @work(thread=True, exit_on_error=False, group="generate", description="Generating a reply")
     def _generate(self, turn_id: int, plan: SendPlan, sampling: dict, thinking: bool,

@@ -92,7 +92,7 @@ class Conversation:
             msgs = [ChatMessage(**m) for m in raw["messages"]]
             conv = cls(id=str(raw["id"]), title=str(raw.get("title", "")), created=float(raw["created"]),
                        updated=float(raw["updated"]), model=str(raw.get("model", "")),
-                       system=str(raw.get("system", "")), messages=msgs, summary=dict(raw.get("summary") or {}))
+                       system=str(raw.get("system", "")), messages=msgs, summary=_summary(raw.get("summary"), msgs))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConversationFormatError(f"missing or malformed field: {exc}") from exc
         bad = [m.role for m in msgs if m.role not in _ROLES or not isinstance(m.content, str)]
@@ -114,6 +114,15 @@ class Conversation:
             if m.finish_reason and m.finish_reason != "stop":
                 lines += [f"*({m.finish_reason})*", ""]
         return "\n".join(lines).rstrip() + "\n"
+
+
+def _summary(raw: Any, msgs: list[ChatMessage]) -> dict:
+    """A saved summary, or {} if it is missing or malformed: then the whole history is sent (or folded again),
+    nothing is lost (the messages are kept whole)."""
+    kinds = {"upto": int, "text": str, "tokens": int, "turns": int}
+    if not isinstance(raw, dict) or any(not isinstance(raw.get(k), t) for k, t in kinds.items()):
+        return {}
+    return {k: raw[k] for k in kinds} if 0 < raw["upto"] <= len(msgs) else {}
 
 
 def clean_title(text: str) -> str:

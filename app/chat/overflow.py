@@ -42,14 +42,13 @@ class ContextFullActions:
         remembered = self.chat_settings.context_full
         return remembered if remembered != "ask" else (self._context_full_choice or "ask")
 
-    def send_plan(self) -> SendPlan:
+    def send_plan(self, summary_cancel: threading.Event | None = None) -> SendPlan:
         summary = dict(self.conv.summary)
         start = summary.get("upto", 0) if summary else 0
         sent = self.conv.sent_messages(start=start)
         head = [{"role": "system", "content": self.conv.system}] if self.conv.system else []
-        self._summary_cancel = threading.Event()
         return SendPlan(head + [m for _, m in sent], [i for i, _ in sent], summary, self.context_full_policy(),
-                        self._summary_cancel)
+                        summary_cancel or threading.Event())
 
     def messages_to_send(self) -> list[dict]:
         """The history as the next turn starts from (with the summary in place of the turns it covers)."""
