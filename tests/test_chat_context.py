@@ -8,6 +8,7 @@ import pytest
 
 from qwenlocal.app.chat import messages as msg
 from qwenlocal.app.chat.context import ContextTooLong, fit_to_context
+from qwenlocal.app.chat.modals import ContextFullModal
 from qwenlocal.app.chat.fake import ScriptedBackend, ScriptedReply, split_tokens
 from qwenlocal.app.chat.testing import make_app, press_nowait, replies, send, wait_for, wait_ready, wait_turn
 
@@ -73,10 +74,17 @@ async def test_a_conversation_that_outgrows_the_context_keeps_working(tmp_path):
     app, seen = make_app(tmp_path, backend, system="be brief"), []
     async with app.run_test(size=(100, 30), message_hook=seen.append) as pilot:
         await wait_ready(pilot)
+        asked = 0
         for turn in range(6):
             await send(pilot, words(30, f"q{turn}_"))
+            await wait_for(pilot, lambda: isinstance(app.screen, ContextFullModal) or not app.generating,
+                           what="the reply or the question")
+            if isinstance(app.screen, ContextFullModal):  # asked the first time only: drop, for this conversation
+                asked += 1
+                await pilot.press("d")
             await wait_turn(pilot)
             assert app.conv.messages[-1].finish_reason == "stop"  # every turn answered
+        assert asked == 1
         sent = backend.calls[-1]["messages"]
         assert sent[0] == {"role": "system", "content": "be brief"}  # never dropped
         assert sent[-1]["content"] == words(30, "q5_")  # the new message, whole
@@ -84,7 +92,7 @@ async def test_a_conversation_that_outgrows_the_context_keeps_working(tmp_path):
         trims = [m for m in seen if isinstance(m, msg.ContextTrimmed)]
         assert trims and trims[-1].dropped_turns == (12 - len(sent) + 1) // 2
         notes = list(app.view.query(".context-note"))
-        assert notes and f"oldest {trims[-1].dropped_turns} turns" in str(notes[-1].render())
+        assert notes and f"{trims[-1].dropped_turns} oldest turns dropped to fit" in str(notes[-1].render())
         assert len(notes) == len({t.dropped_turns for t in trims})  # one note per new count, not one per turn
         # The saved conversation keeps every turn; the status bar counts what was sent.
         assert [m["content"] for m in saved(app)["messages"][::2]] == [words(30, f"q{t}_") for t in range(6)]

@@ -62,6 +62,7 @@ async def test_context_overflow_on_the_demo_model(tmp_path, monkeypatch):
     """The real engine and tokenizer: a conversation past a small context keeps working, trimmed by the engine's
     own count; a message longer than the context is refused and the next one works."""
     monkeypatch.setenv("QWENLOCAL_HOME", str(tmp_path / "home"))
+    (tmp_path / "chat-settings.json").write_text('{"context_full": "drop"}')  # remembered: no question
     backend = EngineBackend(None, device="cpu", options={"max_context": 256})
     app, seen = make_app(tmp_path, backend, sampling={"seed": 1, "max_tokens": 8}, thinking=False), []
     async with app.run_test(size=(100, 30), message_hook=seen.append) as pilot:
@@ -83,3 +84,29 @@ async def test_context_overflow_on_the_demo_model(tmp_path, monkeypatch):
         await send(pilot, "short")
         await wait_turn(pilot, timeout=60)
         assert app.conv.messages[-1].finish_reason in ("stop", "length")
+
+
+async def test_summarising_the_oldest_turns_on_the_demo_model(tmp_path, monkeypatch):
+    """The summary request runs on the real engine (thinking off, bounded), and what is sent stays in the
+    context. The demo model's weights are random: its summary is arbitrary text, or empty (then dropped)."""
+    monkeypatch.setenv("QWENLOCAL_HOME", str(tmp_path / "home"))
+    (tmp_path / "chat-settings.json").write_text('{"context_full": "summarise"}')
+    # 512: the demo tokenizer spends ~7 tokens a word, and the request must hold a turn beside its instructions.
+    backend = EngineBackend(None, device="cpu", options={"max_context": 512})
+    app, seen = make_app(tmp_path, backend, sampling={"seed": 1, "max_tokens": 8}, thinking=False), []
+    async with app.run_test(size=(100, 30), message_hook=seen.append) as pilot:
+        await wait_ready(pilot, timeout=120)
+        for turn in range(7):
+            await send(pilot, " ".join(f"word{turn}x{i}" for i in range(12)))
+            await wait_turn(pilot, timeout=90)
+            assert app.conv.messages[-1].finish_reason in ("stop", "length"), app.conv.messages[-1]
+        assert [m for m in seen if isinstance(m, msg.SummaryStarted)]
+        done = [m for m in seen if isinstance(m, (msg.Summarised, msg.ContextTrimmed))]
+        assert done and all(m.tokens + 64 <= 512 for m in done)
+        summarised = [m for m in done if isinstance(m, msg.Summarised)]
+        if summarised:  # the summary the engine wrote is what the conversation keeps and shows
+            assert app.conv.summary == summarised[-1].summary and app.conv.summary["text"]
+            assert any("summarised" in str(n.render()) for n in app.view.query(".context-note"))
+        else:
+            assert all(m.reason.startswith("summarising failed") for m in done)
+        assert len(app.conv.messages) == 14

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from .commands import SlashError, parse_slash
 from .conversation import Conversation, clean_title
-from .modals import SamplingModal, TextEditModal
+from .modals import ContextFullModal, SamplingModal, TextEditModal
 from .panels import DetailsScreen, HelpScreen, details_markdown
 from .picker import ConversationPicker
 from .prompt import SEND_DEFAULT, SEND_ID, PromptInput
-from .settings import describe, parse_assignments
+from .settings import CONTEXT_FULL_CHOICES, describe, parse_assignments
 from .store import export_transcript
 from .widgets import AssistantMessage, UserMessage
 
@@ -55,16 +55,20 @@ class ChatActions:
             self._turn_id += 1  # whatever the stopped turn still posts is dropped
             self.drop_reply()
         del self.conv.messages[n:]
+        if self.conv.summary and n < self.conv.summary["upto"]:  # it covered messages that are gone
+            self.conv.summary = {}
         widgets = list(self.view.query(".message"))
         # The context notes of the turns removed go with them (a note sits just before its turn's reply).
         first = self.view.children.index(widgets[n - 1]) + 1 if 0 < n <= len(widgets) else 0
-        notes = [w for w in self.view.query(".context-note") if self.view.children.index(w) >= first]
+        notes = [w for w in self.view.query(".context-note") if self.view.children.index(w) >= first
+                 and not (self.conv.summary and w.has_class("summary-note"))]  # a summary still in use stays shown
         self._left_out = 0
         await self.view.remove_children(widgets[n:] + notes)
 
     async def action_new_chat(self) -> None:
         await self._rewind(0)
         self.conv = Conversation(model=self.conv.model, system=self.system)
+        self._context_full_choice = None  # a new conversation asks again (unless the choice is remembered)
         self.status.reset_turn()
         self.status.show({"prompt_tokens": 0, "completion_tokens": 0}, state="ready" if self.ready else "loading")
         self.prompt.focus()
@@ -159,11 +163,16 @@ class ChatActions:
             self.notify(str(exc), severity="error")
 
     def action_sampling(self) -> None:
-        self.push_screen(SamplingModal(self.sampling, self.sampling_defaults()), self._apply_sampling)
+        self.push_screen(SamplingModal(self.sampling, self.sampling_defaults(), self.chat_settings.context_full),
+                         self._apply_sampling)
 
     def _apply_sampling(self, values: dict | None) -> None:
         if values is None:
             return
+        context_full = values.pop("context_full", None)  # the dialog's one saved setting (overflow.py)
+        if context_full is not None and context_full != self.chat_settings.context_full:
+            self.set_context_full(context_full)
+            self.notify(f"When the context is full: {CONTEXT_FULL_CHOICES[context_full].lower()} (saved).")
         for key, value in values.items():
             if value is None:
                 self.sampling.pop(key, None)
@@ -246,9 +255,14 @@ class ChatActions:
             return
         await self._rewind(0)
         self.conv, self.system = conv, conv.system
-        await self.view.mount_all([
-            UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content, m.reasoning, m.finish_reason)
-            for m in conv.messages])
+        self._context_full_choice = None
+        widgets = [UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content, m.reasoning,
+                                                                                      m.finish_reason)
+                   for m in conv.messages]
+        note = self.summary_note_widget()
+        if note is not None:
+            widgets.insert(min(note[0], len(widgets)), note[1])
+        await self.view.mount_all(widgets)
         self.view.scroll_end(animate=False)
         self.show_banner()
         self.status.reset_turn()
@@ -275,7 +289,8 @@ class ChatActions:
 
     def action_help(self) -> None:
         open_key = next(self.keymap.get(b.id, b.key) for b in self.BINDINGS if b.id == "chat.open")
-        self.push_screen(HelpScreen(self.binding_table(), self.picker_binding_table(), open_key))
+        context_full = [(self.keymap.get(b.id, b.key), b.tooltip, b.id) for b in ContextFullModal.BINDINGS]
+        self.push_screen(HelpScreen(self.binding_table(), self.picker_binding_table(), open_key, context_full))
 
     def action_details(self) -> None:
         stats = {**self.backend.stats(), **self.status.values}

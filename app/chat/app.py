@@ -25,12 +25,14 @@ from . import messages as msg
 from .actions import ChatActions
 from .backend import ChatBackend, explain_load_error
 from .commands import ChatCommandsProvider
-from .context import ContextTooLong, fit_to_context
+from .context import ContextTooLong
 from .copying import CopyActions
 from .conversation import Conversation
 from .modals import ErrorModal
+from .overflow import ContextFullActions, SendPlan
 from .panels import LoadingScreen
 from .prompt import SEND_DEFAULT, SEND_ID, PromptInput
+from .settings import load_chat_settings
 from .status import StatusBar, plan_summary
 from .store import ConversationStore
 from .widgets import AssistantMessage, UserMessage
@@ -69,7 +71,7 @@ def warm_code_highlighting() -> None:
         pass
 
 
-class ChatApp(ChatActions, CopyActions, App[int]):
+class ChatApp(ChatActions, ContextFullActions, CopyActions, App[int]):
     CSS_PATH = _css_path()
     TITLE = "qwenlocal chat"
     COMMANDS = App.COMMANDS | {ChatCommandsProvider}
@@ -102,7 +104,7 @@ class ChatApp(ChatActions, CopyActions, App[int]):
 
     def __init__(self, backend: ChatBackend, *, store: ConversationStore | None = None, thinking: bool = True,
                  sampling: dict | None = None, system: str = "", keymap: dict[str, str] | None = None,
-                 theme: str | None = None, export_dir: Path | None = None):
+                 theme: str | None = None, export_dir: Path | None = None, settings_path: Path | None = None):
         super().__init__()
         self.backend = backend
         self.store = store or ConversationStore.default()
@@ -111,6 +113,15 @@ class ChatApp(ChatActions, CopyActions, App[int]):
         self.sampling = {k: v for k, v in (sampling or {}).items() if v is not None}
         self.system = system
         self.keymap = keymap or {}
+        if settings_path is None:
+            from qwenlocal.app.paths import data_dir
+
+            settings_path = data_dir() / "chat-settings.json"
+        self.settings_path = settings_path
+        self.chat_settings, self._settings_warning = load_chat_settings(settings_path)
+        self._context_full_choice: str | None = None  # drop/summarise, chosen in this conversation's modal
+        self._summarising = False  # a summary of the oldest turns is being written (Esc drops them instead)
+        self._summary_cancel = threading.Event()
         self.start_theme = theme
         self.conv = Conversation(system=system)
         self.ready = False
@@ -158,6 +169,8 @@ class ChatApp(ChatActions, CopyActions, App[int]):
         self.status.show(state="loading", thinking=self.thinking)
         self._loading = LoadingScreen(self.backend.label)
         self.push_screen(self._loading)
+        if self._settings_warning:
+            self.notify(self._settings_warning, severity="warning", timeout=10)
         self._load()
 
     @work(thread=True, exit_on_error=False, group="load", description="Loading the model")
@@ -254,22 +267,28 @@ class ChatApp(ChatActions, CopyActions, App[int]):
         self.view.anchor()
         self.status.reset_turn()
         self.status.show(state="generating")
-        self._generate(self._turn_id, self.conv.engine_messages(), dict(self.sampling), self.thinking, cancel,
-                       prev_done, self._turn_done, reuse_prefix)
+        self._summary_cancel = threading.Event()  # Esc while this turn summarises (stop_generation)
+        plan = self.send_plan(self._summary_cancel)
+        self._generate(self._turn_id, plan, dict(self.sampling), self.thinking, cancel, prev_done, self._turn_done,
+                       reuse_prefix)
 
     @work(thread=True, exit_on_error=False, group="generate", description="Generating a reply")
-    def _generate(self, turn_id: int, messages: list[dict], sampling: dict, thinking: bool,
+    def _generate(self, turn_id: int, plan: SendPlan, sampling: dict, thinking: bool,
                   cancel: threading.Event, prev_done: threading.Event, done: threading.Event,
                   reuse_prefix: int) -> None:
         post = self.post_message
         try:
+            # A stopped turn may still be inside its last decode step; the engine runs one request at a time
+            # (a summary of the oldest turns, in _fit, is one too).
+            prev_done.wait()
             try:
-                messages, reuse_prefix = self._fit(turn_id, messages, thinking, reuse_prefix)
+                fitted = self._fit(turn_id, plan, thinking, reuse_prefix)
             except ContextTooLong as exc:
                 post(msg.ReplyFailed(turn_id, str(exc), "ContextLimitError"))
                 return
-            # A stopped turn may still be inside its last decode step; the engine runs one request at a time.
-            prev_done.wait()
+            if fitted is None:  # the user chooses drop or summarise first (overflow.py)
+                return
+            messages, reuse_prefix = fitted
             for ev in self.backend.start_turn(messages, sampling, thinking, cancel, reuse_prefix):
                 if isinstance(ev, TokenDelta):
                     post(msg.ReplyDelta(turn_id, ev.text, False))
@@ -290,30 +309,6 @@ class ChatApp(ChatActions, CopyActions, App[int]):
             post(msg.ReplyFailed(turn_id, f"{type(exc).__name__}: {exc}", type(exc).__name__))
         finally:
             done.set()
-
-    def _fit(self, turn_id: int, messages: list[dict], thinking: bool, reuse_prefix: int) -> tuple[list[dict], int]:
-        """On the worker thread: leave the oldest turns out of what is sent when the prompt would not fit."""
-        count = getattr(self.backend, "count_tokens", None)
-        limit = getattr(self.backend, "context_limit", None)
-        tokens = count(messages, thinking) if count is not None and limit else None
-        if tokens is None:
-            return messages, reuse_prefix
-        fitted = fit_to_context(messages, lambda m: count(m, thinking), limit, tokens=tokens)
-        if fitted.dropped_turns:
-            self.post_message(msg.ContextTrimmed(turn_id, fitted.dropped_turns, fitted.tokens))
-            reuse_prefix = 0  # the history no longer starts where the backend's cached one does
-        return fitted.messages, reuse_prefix
-
-    def on_context_trimmed(self, m: msg.ContextTrimmed) -> None:
-        reply = self._current(m.turn_id)
-        if reply is None or m.dropped_turns == self._left_out:
-            return  # said already for this many
-        self._left_out = m.dropped_turns
-        turns = f"{m.dropped_turns} turn{'s' if m.dropped_turns != 1 else ''}"
-        note = Static(f"The conversation outgrew the context: the oldest {turns} are left out of what the model "
-                      f"sees ({m.tokens} tokens sent; the saved conversation keeps everything).",
-                      classes="context-note", markup=False)
-        self.view.mount(note, before=reply)
 
     def _current(self, turn_id: int) -> AssistantMessage | None:
         # Messages of a turn that was stopped and replaced (regenerate, new chat) are dropped here.
@@ -355,7 +350,7 @@ class ChatApp(ChatActions, CopyActions, App[int]):
     def _context_now(self) -> dict:
         """The status figures for what the next turn will send (after a refused message: without it)."""
         count = getattr(self.backend, "count_tokens", None)
-        msgs = self.conv.engine_messages()
+        msgs = self.messages_to_send()
         size = count(msgs, self.thinking) if count is not None and msgs else 0
         return {"prompt_tokens": size or 0, "completion_tokens": 0}
 
@@ -402,6 +397,10 @@ class ChatApp(ChatActions, CopyActions, App[int]):
     def stop_generation(self) -> bool:
         if not self.generating:
             return False
+        if self._summarising:  # Esc stops the summary only: the oldest turns are dropped instead
+            self._summary_cancel.set()
+            self.status.show(state="dropping the oldest turns instead")
+            return True
         self._cancel.set()
         self.status.show(state="stopping")
         return True

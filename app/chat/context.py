@@ -1,5 +1,5 @@
-"""Fitting a conversation into the model's context: drop the oldest turns of what is *sent* (never of what is
-saved) until the prompt fits. No Textual here.
+"""Fitting a conversation into the model's context: drop (or fold into a summary) the oldest turns of what is
+*sent*, never of what is saved, until the prompt fits. No Textual here.
 
 A turn is a user message and the replies that follow it. The system prompt and the new user message are never
 dropped; if those two alone do not fit, the message is refused with its size and the limit (ContextTooLong).
@@ -30,6 +30,50 @@ class Fitted:
     messages: list[dict]  # what to send
     dropped_turns: int  # the oldest turns left out
     tokens: int  # the prompt's size as sent
+
+
+# The summary rides in the system message: Qwen chat templates refuse a system message anywhere but first.
+SUMMARY_PREFIX = "Summary of earlier turns: "
+SUMMARY_MAX_TOKENS = 256  # the summary's reply length at most (an eighth of a small context)
+_SUMMARY_OVERHEAD = 16  # the prefix and the joining newlines, in tokens, kept free beside the summary itself
+
+
+def summary_budget(limit: int) -> int:
+    """How long a summary may be for this context (its reply's max_tokens)."""
+    return max(16, min(SUMMARY_MAX_TOKENS, limit // 8))
+
+
+def with_summary(messages: Sequence[dict], text: str) -> list[dict]:
+    """The messages with the summary of earlier turns added to the system prompt (or as the system prompt)."""
+    msgs = [dict(m) for m in messages]
+    note = SUMMARY_PREFIX + text.strip()
+    if msgs and msgs[0]["role"] == "system":
+        msgs[0]["content"] = f"{msgs[0]['content']}\n\n{note}" if msgs[0]["content"] else note
+        return msgs
+    return [{"role": "system", "content": note}, *msgs]
+
+
+def turns_to_fold(messages: Sequence[dict], count: Callable[[list[dict]], int], limit: int,
+                  reply_room: int = REPLY_ROOM) -> int:
+    """How many oldest turns must go so that the rest, plus a summary as long as `summary_budget` allows,
+    fits (at least one: this is asked when the prompt does not fit). Raises ContextTooLong when no turn can
+    make room for one."""
+    budget = summary_budget(limit) + _SUMMARY_OVERHEAD
+    fitted = fit_to_context(messages, count, limit - budget, reply_room=min(reply_room, limit // 4))
+    head = 1 if messages and messages[0]["role"] == "system" else 0
+    turns = len(_turn_starts(messages, head)) - 1  # the new message is not a turn that can be folded
+    if turns < 1:
+        raise ContextTooLong(count(list(messages)), limit)
+    return max(1, min(fitted.dropped_turns, turns))
+
+
+def split_turns(messages: Sequence[dict], n: int) -> tuple[list[dict], list[dict], int]:
+    """(the oldest n turns after the system prompt, the rest with the system prompt, the index where the rest's
+    history starts in `messages`)."""
+    head = 1 if messages and messages[0]["role"] == "system" else 0
+    starts = _turn_starts(messages, head) + [len(messages)]
+    cut = starts[min(n, len(starts) - 1)]
+    return [dict(m) for m in messages[head:cut]], [dict(m) for m in messages[:head] + list(messages[cut:])], cut
 
 
 def _turn_starts(messages: Sequence[dict], first: int) -> list[int]:

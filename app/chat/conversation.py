@@ -33,6 +33,9 @@ class Conversation:
     model: str = ""
     system: str = ""
     messages: list[ChatMessage] = field(default_factory=list)
+    # The oldest turns folded into a summary for what is sent (the messages above keep them whole):
+    # {"upto": index of the first message it does not cover, "text": ..., "tokens": ..., "turns": ...}; {} if none.
+    summary: dict = field(default_factory=dict)
 
     def add(self, role: str, content: str, **extra: Any) -> ChatMessage:
         msg = ChatMessage(role, content, **extra)
@@ -42,14 +45,21 @@ class Conversation:
         self.updated = time.time()
         return msg
 
-    def engine_messages(self, upto: int | None = None) -> list[dict]:
-        """The history the backend sees: system prompt first; past reasoning and failed replies are not sent."""
+    def engine_messages(self, upto: int | None = None, start: int = 0) -> list[dict]:
+        """The history the backend sees: system prompt first; past reasoning and failed replies are not sent.
+        `start`: leave out the messages before it (those a summary covers)."""
         out = [{"role": "system", "content": self.system}] if self.system else []
+        return out + [m for _, m in self.sent_messages(upto, start)]
+
+    def sent_messages(self, upto: int | None = None, start: int = 0) -> list[tuple[int, dict]]:
+        """(index in `messages`, message as sent) of the history from `start` that is sent."""
         msgs = self.messages[:upto]
-        for i, m in enumerate(msgs):
+        out = []
+        for i in range(start, len(msgs)):
+            m = msgs[i]
             refused = i + 1 < len(msgs) and msgs[i + 1].finish_reason == "refused"  # too long: never sent
             if m.finish_reason not in ("error", "refused") and not refused:
-                out.append({"role": m.role, "content": m.content})
+                out.append((i, {"role": m.role, "content": m.content}))
         return out
 
     def last_index(self, role: str) -> int | None:
@@ -82,7 +92,7 @@ class Conversation:
             msgs = [ChatMessage(**m) for m in raw["messages"]]
             conv = cls(id=str(raw["id"]), title=str(raw.get("title", "")), created=float(raw["created"]),
                        updated=float(raw["updated"]), model=str(raw.get("model", "")),
-                       system=str(raw.get("system", "")), messages=msgs)
+                       system=str(raw.get("system", "")), messages=msgs, summary=_summary(raw.get("summary"), msgs))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConversationFormatError(f"missing or malformed field: {exc}") from exc
         bad = [m.role for m in msgs if m.role not in _ROLES or not isinstance(m.content, str)]
@@ -104,6 +114,15 @@ class Conversation:
             if m.finish_reason and m.finish_reason != "stop":
                 lines += [f"*({m.finish_reason})*", ""]
         return "\n".join(lines).rstrip() + "\n"
+
+
+def _summary(raw: Any, msgs: list[ChatMessage]) -> dict:
+    """A saved summary, or {} if it is missing or malformed: then the whole history is sent (or folded again),
+    nothing is lost (the messages are kept whole)."""
+    kinds = {"upto": int, "text": str, "tokens": int, "turns": int}
+    if not isinstance(raw, dict) or any(not isinstance(raw.get(k), t) for k, t in kinds.items()):
+        return {}
+    return {k: raw[k] for k in kinds} if 0 < raw["upto"] <= len(msgs) else {}
 
 
 def clean_title(text: str) -> str:

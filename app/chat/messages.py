@@ -65,3 +65,29 @@ class ContextTrimmed(Message):
     turn_id: int
     dropped_turns: int
     tokens: int
+    reason: str = ""  # why they were dropped rather than summarised, when a summary was tried
+
+
+@dataclass
+class ContextFull(Message):
+    """The conversation outgrew the context and no choice is made yet: the app asks (ContextFullModal)."""
+    turn_id: int
+    turns: int  # the oldest turns that must be left out at least
+    tokens: int
+    limit: int
+
+
+@dataclass
+class SummaryStarted(Message):
+    turn_id: int
+    turns: int
+
+
+@dataclass
+class Summarised(Message):
+    """The oldest turns were folded into a summary (conversation.summary's form); `dropped`: turns left out
+    besides, when even with the summary the prompt did not fit."""
+    turn_id: int
+    summary: dict
+    dropped: int
+    tokens: int

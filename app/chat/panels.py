@@ -56,14 +56,16 @@ def _key_list(bindings: list[tuple[str, str, str]]) -> str:
 
 
 def help_markdown(bindings: list[tuple[str, str, str]], picker: list[tuple[str, str, str]] = (),
-                  open_key: str = "ctrl+o") -> str:
+                  open_key: str = "ctrl+o", context_full: list[tuple[str, str, str]] = ()) -> str:
     # Lists, not tables: they stay readable at 80 columns.
     keys = _key_list(bindings)
     cmds = "\n".join(f"- `{c.usage}` — {c.help}" for c in COMMANDS)
     saved = (f"## Saved conversations (`{open_key}`)\n\nType to filter by title or message text; `enter` opens "
              "the highlighted one.\n\n" + _key_list(picker) + "\n\n") if picker else ""
+    full = ("## When a conversation outgrows the context\n\nAsked once per conversation (F5: \"context full\" "
+            "remembers a choice).\n\n" + _key_list(context_full) + "\n\n") if context_full else ""
     return (
-        "## Keys\n\n" + keys + "\n\n" + saved +
+        "## Keys\n\n" + keys + "\n\n" + saved + full +
         "Remap a key by its binding id (in italics) in `keymap.json` in the data folder, or with "
         "`--keymap FILE`, e.g. `{\"chat.new\": \"ctrl+w\"}`.\n\n"
         "## Slash commands\n\n" + cmds + "\n\n"
@@ -76,14 +78,14 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close", id="help.close")]
 
     def __init__(self, bindings: list[tuple[str, str, str]], picker: list[tuple[str, str, str]] = (),
-                 open_key: str = "ctrl+o"):
+                 open_key: str = "ctrl+o", context_full: list[tuple[str, str, str]] = ()):
         super().__init__(classes="modal")
-        self.bindings, self.picker, self.open_key = bindings, picker, open_key
+        self.bindings, self.picker, self.open_key, self.context_full = bindings, picker, open_key, context_full
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog wide") as box:
             box.border_title = "Help · Esc to close"
-            yield Markdown(help_markdown(self.bindings, self.picker, self.open_key))
+            yield Markdown(help_markdown(self.bindings, self.picker, self.open_key, self.context_full))
 
     async def action_dismiss(self, result=None) -> None:
         self.dismiss(None)

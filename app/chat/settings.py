@@ -1,6 +1,11 @@
 """Sampling settings as the user types them ("temperature=0.7 top_k=20"), checked without importing the engine
-(its SamplingParams lives next to torch). The engine validates again; this gives the early, friendly error."""
+(its SamplingParams lives next to torch). The engine validates again; this gives the early, friendly error.
+Also the chat's own settings file (ChatSettings)."""
 from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
 _ALIASES = {"temp": "temperature", "t": "temperature", "topp": "top_p", "top-p": "top_p", "topk": "top_k",
@@ -48,3 +53,36 @@ def parse_assignments(text: str) -> dict:
 def describe(sampling: dict) -> str:
     set_ = [f"{k}={v}" for k, v in sampling.items() if v is not None]
     return " ".join(set_) or "model defaults"
+
+
+# ----- the chat's settings file (chat-settings.json in the data folder): choices that survive a restart -----
+# What to do when a conversation outgrows the context. "ask": ask once per conversation (the modal).
+CONTEXT_FULL_CHOICES = {"ask": "Ask (once per conversation)", "drop": "Drop the oldest turns",
+                        "summarise": "Summarise the oldest turns"}
+
+
+@dataclass
+class ChatSettings:
+    context_full: str = "ask"
+
+
+def load_chat_settings(path: Path) -> tuple[ChatSettings, str | None]:
+    """The settings in `path` (defaults if there is no file), and a warning if the file could not be used
+    (the defaults are used then, and the file is left as it is until a setting is changed)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return ChatSettings(), None
+    except (OSError, ValueError) as exc:
+        return ChatSettings(), f"{path}: could not be read ({exc}); using the default settings"
+    choice = raw.get("context_full", "ask") if isinstance(raw, dict) else None
+    if choice not in CONTEXT_FULL_CHOICES:
+        return ChatSettings(), (f"{path}: context_full must be one of {', '.join(CONTEXT_FULL_CHOICES)} "
+                                f"(got {choice!r}); using ask")
+    return ChatSettings(context_full=choice), None
+
+
+def save_chat_settings(path: Path, settings: ChatSettings) -> None:
+    from .store import atomic_write_text
+
+    atomic_write_text(path, json.dumps(asdict(settings), indent=1) + "\n")

@@ -21,7 +21,8 @@ REASONING = "The user wants a small function. I will write add() and explain it.
 
 
 def make_app(tmp_path: Path, backend, **kwargs) -> ChatApp:
-    """A ChatApp whose files all live under tmp_path."""
+    """A ChatApp whose files all live under tmp_path (its settings file too: a second app there sees them)."""
+    kwargs.setdefault("settings_path", tmp_path / "chat-settings.json")
     return ChatApp(backend, store=ConversationStore(tmp_path / "conversations"), export_dir=tmp_path / "exports",
                    **kwargs)
 
