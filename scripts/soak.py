@@ -38,8 +38,8 @@ def report_chat(a: dict) -> list[str]:
     return [
         f"part A, chat backend: {a['turns']} turns in {a['conversations']} conversations ({acts}); "
         f"seeded sampling (T=1, a seed per turn), max_tokens {a['max_tokens']}, context {a['max_context']} tokens; wall {a['wall_s']:.1f} s",
-        f"  replies matching a fresh replay {a['replies_ok']}, cancels that took {a['cancels_ok']}, refused as "
-        f"too long {a['refused_ok']} ({a['distinct_replies']} distinct reply texts); turns sent with the oldest turns left out (overflow) {a['trimmed_turns']}",
+        f"  replies matching a fresh replay {a['replies_ok']}, cancels that took {a['cancels_ok']} (+{a['cancel_early']} replies that ended before the cancel was due), refused as "
+        f"too long {a['refused_ok']} ({a['distinct_replies']} distinct replies); turns sent with the oldest turns left out (overflow) {a['trimmed_turns']}",
         f"  lost {len(a['lost'])}, mismatched {len(a['mismatched'])}, saved-conversation problems {len(a['store_bad'])}",
         "  " + fmt_latency("turn latency", a["latency_s"]) + "; " + fmt_latency("TTFT", a["ttft_s"]),
         "  " + fmt_rss(a["rss"]) + f" (this process: backend engine + replay engine; sampled after "

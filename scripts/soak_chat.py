@@ -31,6 +31,7 @@ class ChatFigures:
     actions: dict = field(default_factory=dict)
     replies_ok: int = 0
     cancels_ok: int = 0
+    cancel_early: int = 0  # cancel turns whose reply ended by itself (EOS) before the cancel was due
     refused_ok: int = 0
     trimmed_turns: int = 0  # turns whose sent history left the oldest turns out (context overflow)
     lost: list = field(default_factory=list)  # (turn, what): no TurnDone, or an engine error
@@ -66,10 +67,10 @@ def _run_turn(backend, messages, sampling, thinking, reuse_prefix, cancel_mid):
             if cancel_mid and deltas == CANCEL_AFTER:
                 cancel.set()  # the event the app's Esc sets; the engine checks it before every decode step
         elif isinstance(ev, TurnDone):
-            return ev, "".join(streamed), "", ttft
+            return ev, "".join(streamed), "", ttft, cancel.is_set()
         elif isinstance(ev, EngineError):
-            return None, "".join(streamed), f"{ev.kind}: {ev.message}", ttft
-    return None, "".join(streamed), "the stream ended without TurnDone", ttft
+            return None, "".join(streamed), f"{ev.kind}: {ev.message}", ttft, cancel.is_set()
+    return None, "".join(streamed), "the stream ended without TurnDone", ttft, cancel.is_set()
 
 
 def _replay(engine, messages, sampling, thinking):
@@ -161,7 +162,7 @@ def run_chat(turns: int, seed: int = 0, max_tokens: int = 12, max_context: int =
         if action == "huge":
             fig.lost.append((turn, "a message twice the context was not refused"))
         t0 = now()
-        done, streamed, error, ttft = _run_turn(backend, fitted.messages, sampling, thinking, reuse,
+        done, streamed, error, ttft, cancelled = _run_turn(backend, fitted.messages, sampling, thinking, reuse,
                                                 cancel_mid=action == "cancel")
         if done is None:
             fig.lost.append((turn, f"{action}: {error}"))
@@ -172,16 +173,17 @@ def run_chat(turns: int, seed: int = 0, max_tokens: int = 12, max_context: int =
         if ttft is not None:
             fig.ttfts.append(ttft)
         conv.add("assistant", done.text, reasoning=done.reasoning, finish_reason=done.finish_reason)
-        fig.texts.add(done.text)
+        fig.texts.add((done.text, done.reasoning))
         _check_saved(store, conv, turn, fig)
         ref = _replay(replayer, fitted.messages, sampling, thinking)
+        fig.cancel_early += action == "cancel" and not cancelled
         if streamed != done.text:
             fig.mismatched.append((turn, action, "the streamed deltas differ from TurnDone's text"))
-        elif action == "cancel":
+        elif cancelled:  # (a reply that ended by itself before the cancel was due is checked like any other)
             # Stopped mid-reply: fewer tokens than asked, and what came is the start of the full reply.
-            head = done.text.rstrip("\ufffd")  # a character cut in half at the stop
+            cut = lambda t: t.rstrip("\ufffd")  # noqa: E731  (a character cut in half at the stop)
             if (done.finish_reason == "cancelled" and done.completion_tokens < max_tokens and ref is not None
-                    and ref.text.startswith(head)):
+                    and ref.text.startswith(cut(done.text)) and ref.reasoning.startswith(cut(done.reasoning))):
                 fig.cancels_ok += 1
             else:
                 fig.mismatched.append((turn, action, f"cancel: {done.finish_reason}, {done.completion_tokens} tok"))
@@ -189,7 +191,7 @@ def run_chat(turns: int, seed: int = 0, max_tokens: int = 12, max_context: int =
                                                                                 ref.finish_reason):
             fig.mismatched.append((turn, action, "differs from a fresh replay of the same prompt"))
         elif (previous is not None and previous.finish_reason in ("stop", "length") and not fitted.dropped_turns
-              and previous.content != done.text):
+              and (previous.content, previous.reasoning) != (done.text, done.reasoning)):
             fig.mismatched.append((turn, action, "regenerate (same seed) differs from the reply it replaced"))
         else:
             fig.replies_ok += 1
@@ -200,6 +202,7 @@ def run_chat(turns: int, seed: int = 0, max_tokens: int = 12, max_context: int =
     _check_store_end(store, convs, fig)
     backend.close()
     return {"turns": fig.turns, "actions": fig.actions, "replies_ok": fig.replies_ok, "cancels_ok": fig.cancels_ok,
+            "cancel_early": fig.cancel_early,
             "refused_ok": fig.refused_ok, "trimmed_turns": fig.trimmed_turns, "lost": fig.lost,
             "mismatched": fig.mismatched, "store_bad": fig.store_bad, "conversations": fig.conversations,
             "distinct_replies": len(fig.texts),

@@ -65,7 +65,10 @@ def rss_summary(samples: list[int], every_s: float) -> dict:
     head, tail = statistics.fmean(samples[:tenth]), statistics.fmean(samples[-tenth:])
     return {"samples": len(samples), "every_s": every_s, "first_mib": samples[0] / MIB,
             "median_mib": statistics.median(samples) / MIB, "max_mib": max(samples) / MIB,
-            "growth_mib": (tail - head) / MIB}
+            "growth_mib": (tail - head) / MIB,
+            # the shape of the curve: RSS at 0%, 10%, ..., 100% of the samples, and every sample (MiB)
+            "deciles_mib": [round(samples[min(len(samples) - 1, len(samples) * d // 10)] / MIB, 1) for d in range(11)],
+            "samples_mib": [round(x / MIB, 1) for x in samples]}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -83,7 +86,8 @@ def fmt_rss(r: dict) -> str:
     if not r.get("samples"):
         return "RSS: no samples"
     return (f"RSS: {r['samples']} samples every {r['every_s']:g} s; first {r['first_mib']:.1f} MiB, median "
-            f"{r['median_mib']:.1f}, max {r['max_mib']:.1f}; growth first 10% -> last 10% {r['growth_mib']:+.1f} MiB")
+            f"{r['median_mib']:.1f}, max {r['max_mib']:.1f}; growth first 10% -> last 10% {r['growth_mib']:+.1f} MiB; "
+            f"at each tenth of the run {' '.join(f'{x:g}' for x in r['deciles_mib'])}")
 
 
 def fmt_latency(name: str, lat: dict) -> str:

@@ -30,10 +30,10 @@ def test_quick_soak_loses_and_mixes_nothing(tmp_path):
     # Every kind of action ran and did what it should: regenerate/edit replies matched, cancels took, the
     # conversation overflowed the context, and a message too long by itself was refused.
     assert {"new", "long", "regen", "edit", "cancel", "huge"} <= set(chat["actions"])
-    assert chat["cancels_ok"] == chat["actions"]["cancel"] > 0
+    assert chat["cancels_ok"] > 0 and chat["cancels_ok"] + chat["cancel_early"] == chat["actions"]["cancel"]
     assert chat["trimmed_turns"] > 0 and chat["refused_ok"] >= chat["actions"]["huge"]
     assert chat["replies_ok"] + chat["cancels_ok"] + chat["refused_ok"] + chat["actions"].get("newchat", 0) == 60
-    assert chat["distinct_replies"] > 10  # the replay check tells requests apart: replies differ by prompt
+    assert chat["distinct_replies"] > 30  # the replay check tells requests apart: replies differ by prompt
 
     assert serve["requests"] > 20 and serve["ok"] == serve["requests"] and serve["failed"] == 0
     assert serve["mismatched_n"] == 0 and serve["reference_errors"] == []
