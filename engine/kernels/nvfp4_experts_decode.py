@@ -192,6 +192,33 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
     tl.store(act_ptr + j * I + n, gate / (1.0 + tl.exp(-gate)) * up, mask=mask_n)
 
 
+@triton.jit
+def _routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words, dn_at, dn_scale_at,
+                 glob_at, BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
+                 GROUP_SCALES: tl.constexpr):
+    """Routed expert j's down rows m against act[j]: (column partials, their scale weights[j] * global * 2^14)."""
+    e = tl.load(ids_ptr + j).to(tl.int64)
+    base = words_ptr + e * row_words
+    scales = bytes_ptr + e * row_words * 4 + dn_scale_at
+    y, _ = _rows_part(base + dn_at, scales, base, scales, m, mask_m, I, act_ptr + j * I, False, BLOCK_G, MASKED,
+                      DECODE, X_SPLIT, GROUP_SCALES)
+    g_down = tl.load(base + glob_at + 2).to(tl.float32, bitcast=True) * 16384.0  # 2^14: the codes' scaling
+    return y, tl.load(wts_ptr + j).to(tl.float32) * g_down
+
+
+@triton.jit
+def _extra_down(act_ptr, xd_w, xd_s, xd_g, extra_scale_ptr, m, mask_m, I, K_ROUTED: tl.constexpr,
+                HAS_EXTRA_SCALE: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr,
+                X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr):
+    """The extra (shared) expert's down rows m against act[k]: (column partials, their scale)."""
+    y, _ = _rows_part(xd_w, xd_s, xd_w, xd_s, m, mask_m, I, act_ptr + K_ROUTED * I, False, BLOCK_G, MASKED,
+                      DECODE, X_SPLIT, GROUP_SCALES)
+    y_scale = tl.load(xd_g) * 16384.0
+    if HAS_EXTRA_SCALE:
+        y_scale = tl.load(extra_scale_ptr).to(tl.float32) * y_scale
+    return y, y_scale
+
+
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
 def expert_down_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, out_ptr, H, I, row_words,
                        dn_at, dn_scale_at, glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr,
@@ -206,19 +233,12 @@ def expert_down_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, out_ptr,
     # the columns at the end (not one cross-thread reduction per expert).
     acc = tl.zeros([BLOCK_M, BLOCK_G if GROUP_SCALES else 2 * BLOCK_G], dtype=tl.float32)
     for j in tl.static_range(K_ROUTED):  # unrolled: all k experts' loads can be in flight together
-        e = tl.load(ids_ptr + j).to(tl.int64)
-        base = words_ptr + e * row_words
-        scales = bytes_ptr + e * row_words * 4 + dn_scale_at
-        y, _ = _rows_part(base + dn_at, scales, base, scales, m, mask_m, I, act_ptr + j * I, False, BLOCK_G,
-                          MASKED, DECODE, X_SPLIT, GROUP_SCALES)
-        g_down = tl.load(base + glob_at + 2).to(tl.float32, bitcast=True) * 16384.0
-        acc += y * (tl.load(wts_ptr + j).to(tl.float32) * g_down)
+        y, y_scale = _routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words, dn_at,
+                                  dn_scale_at, glob_at, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES)
+        acc += y * y_scale
     if HAS_EXTRA:
-        y, _ = _rows_part(xd_w, xd_s, xd_w, xd_s, m, mask_m, I, act_ptr + K_ROUTED * I, False, BLOCK_G, MASKED,
-                          DECODE, X_SPLIT, GROUP_SCALES)
-        y_scale = tl.load(xd_g) * 16384.0
-        if HAS_EXTRA_SCALE:
-            y_scale = tl.load(extra_scale_ptr).to(tl.float32) * y_scale
+        y, y_scale = _extra_down(act_ptr, xd_w, xd_s, xd_g, extra_scale_ptr, m, mask_m, I, K_ROUTED,
+                                 HAS_EXTRA_SCALE, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES)
         acc += y * y_scale
     out = tl.sum(acc, axis=1)
     if HAS_ADDEND:

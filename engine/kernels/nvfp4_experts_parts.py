@@ -22,7 +22,7 @@ import triton.language as tl
 from .launch import gdc_prologue, pdl_launch
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
-from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, _rows_part
+from .nvfp4_experts_decode import _block_g, _check, _decode, _extra_down, _matrix, _routed_down, _row_offsets
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
@@ -37,21 +37,14 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
     j = tl.program_id(1)  # 0..k-1 routed experts, k the shared one
     mask_m = m < H
     if j < K_ROUTED:
-        e = tl.load(ids_ptr + j).to(tl.int64)
-        base = words_ptr + e * row_words
-        scales = bytes_ptr + e * row_words * 4 + dn_scale_at
-        y, _ = _rows_part(base + dn_at, scales, base, scales, m, mask_m, I, act_ptr + j * I, False, BLOCK_G,
-                          MASKED, DECODE, X_SPLIT, GROUP_SCALES)
-        g_down = tl.load(base + glob_at + 2).to(tl.float32, bitcast=True) * 16384.0  # 2^14: the codes' scaling
-        out = tl.sum(y, axis=1) * (tl.load(wts_ptr + j).to(tl.float32) * g_down)
+        y, y_scale = _routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words, dn_at,
+                                  dn_scale_at, glob_at, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES)
+        out = tl.sum(y, axis=1) * y_scale
     else:
         out = tl.zeros([BLOCK_M], dtype=tl.float32)
         if HAS_EXTRA:
-            y, _ = _rows_part(xd_w, xd_s, xd_w, xd_s, m, mask_m, I, act_ptr + K_ROUTED * I, False, BLOCK_G, MASKED,
-                              DECODE, X_SPLIT, GROUP_SCALES)
-            y_scale = tl.load(xd_g) * 16384.0
-            if HAS_EXTRA_SCALE:
-                y_scale = tl.load(extra_scale_ptr).to(tl.float32) * y_scale
+            y, y_scale = _extra_down(act_ptr, xd_w, xd_s, xd_g, extra_scale_ptr, m, mask_m, I, K_ROUTED,
+                                     HAS_EXTRA_SCALE, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES)
             out = tl.sum(y, axis=1) * y_scale
         if HAS_ADDEND:
             out = tl.load(addend_ptr + m, mask=mask_m, other=0.0).to(tl.float32)
