@@ -124,40 +124,32 @@ def attention_prologue(q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
     if inv_freq is None:
         inv_freq = rope_inv_freq(rotary_dim, float(theta), dev) if rotary_dim else position.new_zeros(1).float()
     q = torch.empty(num_heads, head_dim, device=dev, dtype=dtype) if q_out is None else q_out
-    if kv_cache is not None:
-        return _prologue_into_cache(q_gate, k, v, q_norm_w, k_norm_w, position, eps, num_heads, num_kv_heads,
-                                    head_dim, rotary_dim, inv_freq, q, kv_cache, dtype, num_warps)
-    k_rot = torch.empty(num_kv_heads, head_dim, device=dev, dtype=dtype) if k_out is None else k_out
-    copy_v = v_out is not None or v.dtype != dtype
-    v_res = v_out if v_out is not None else (
-        torch.empty(num_kv_heads, head_dim, device=dev, dtype=dtype) if copy_v else v.view(num_kv_heads, head_dim))
-    for name, o, heads in (("q_out", q, num_heads), ("k_out", k_rot, num_kv_heads), ("v_out", v_res, num_kv_heads)):
+    if kv_cache is not None:  # k and v go to row `position` of the caches; q_out is checked below
+        k_dst, v_dst = kv_cache
+        for name, c in (("k_cache", k_dst), ("v_cache", v_dst)):
+            if c.dtype != dtype or c.dim() != 3 or c.shape[1:] != (num_kv_heads, head_dim) or not c.is_contiguous():
+                raise ValueError(f"{name} must be [positions, {num_kv_heads}, {head_dim}] contiguous in {dtype}, "
+                                 f"got {c.dtype} {tuple(c.shape)}")
+        copy_v, outs = True, (("q_out", q, num_heads),)
+    else:
+        k_dst = torch.empty(num_kv_heads, head_dim, device=dev, dtype=dtype) if k_out is None else k_out
+        copy_v = v_out is not None or v.dtype != dtype
+        v_dst = v_out if v_out is not None else (
+            torch.empty(num_kv_heads, head_dim, device=dev, dtype=dtype) if copy_v else v.view(num_kv_heads, head_dim))
+        outs = (("q_out", q, num_heads), ("k_out", k_dst, num_kv_heads), ("v_out", v_dst, num_kv_heads))
+    for name, o, heads in outs:
         if o.dtype != dtype or o.shape != (heads, head_dim) or not o.is_contiguous():
             raise ValueError(f"{name} must be [{heads}, {head_dim}] contiguous in {dtype}")
     attention_prologue_kernel[(num_heads + num_kv_heads,)](
-        q_gate, k, v, q_norm_w, k_norm_w, inv_freq, position, exact_out(q), exact_out(k_rot), exact_out(v_res),
-        eps, num_heads, head_dim, rotary_dim, 0, COPY_V=copy_v, NORM_ROUND=round_code(q_gate.dtype),
-        OUT_BF16=round_code(dtype) == 1, LIBDEVICE=dev.type == "cuda", BLOCK_D=triton.next_power_of_2(head_dim),
-        KV_AT_POS=False, num_warps=num_warps, **pdl_launch(dev))
+        q_gate, k, v, q_norm_w, k_norm_w, inv_freq, position, exact_out(q), exact_out(k_dst), exact_out(v_dst),
+        eps, num_heads, head_dim, rotary_dim, num_kv_heads * head_dim if kv_cache is not None else 0,
+        COPY_V=copy_v, NORM_ROUND=round_code(q_gate.dtype), OUT_BF16=round_code(dtype) == 1,
+        LIBDEVICE=dev.type == "cuda", BLOCK_D=triton.next_power_of_2(head_dim), KV_AT_POS=kv_cache is not None,
+        num_warps=num_warps, **pdl_launch(dev))
     gate = q_gate.view(num_heads, 2 * head_dim)[:, head_dim:]
-    return q, gate, k_rot, v_res
-
-
-def _prologue_into_cache(q_gate, k, v, q_norm_w, k_norm_w, position, eps, num_heads, num_kv_heads, head_dim,
-                         rotary_dim, inv_freq, q, kv_cache, dtype, num_warps):
-    k_cache, v_cache = kv_cache
-    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if c.dtype != dtype or c.dim() != 3 or c.shape[1:] != (num_kv_heads, head_dim) or not c.is_contiguous():
-            raise ValueError(f"{name} must be [positions, {num_kv_heads}, {head_dim}] contiguous in {dtype}, got "
-                             f"{c.dtype} {tuple(c.shape)}")
-    attention_prologue_kernel[(num_heads + num_kv_heads,)](
-        q_gate, k, v, q_norm_w, k_norm_w, inv_freq, position, exact_out(q), exact_out(k_cache),
-        exact_out(v_cache), eps, num_heads, head_dim, rotary_dim, num_kv_heads * head_dim, COPY_V=True,
-        NORM_ROUND=round_code(q_gate.dtype), OUT_BF16=round_code(dtype) == 1, LIBDEVICE=q.device.type == "cuda",
-        BLOCK_D=triton.next_power_of_2(head_dim), KV_AT_POS=True, num_warps=num_warps,
-        **pdl_launch(q.device))
-    gate = q_gate.view(num_heads, 2 * head_dim)[:, head_dim:]
-    return q, gate, None, None
+    if kv_cache is not None:
+        return q, gate, None, None
+    return q, gate, k_dst, v_dst
 
 
 def attention_prologue_reference(q_gate, k, v, q_norm_w, k_norm_w, position, eps, num_heads, num_kv_heads,
