@@ -109,10 +109,8 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None
     else:
         router_logits = torch.cat(project(h, gates), dim=-1)
     weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
-    if trace_ids is not None:
+    if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
-    elif moe.routing is not None:
-        ids = moe.routing.ids(moe.layer, 1)
     slots, expert_weights, copy = moe.experts.for_decode(ids)
     cfg_h, cfg_i = moe.hidden, moe.inter
     if moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe):
@@ -157,7 +155,7 @@ def _forward(model, ids, positions, state, start):
     eps = model.cfg.rms_norm_eps
     x = model.embed_ids(ids)
     delta = None
-    trace = getattr(model, "routing", None)
+    trace = model.routing
     trace_ids = trace.one_token_ids() if trace is not None else None
     for layer in model.layers:
         x, h = add_rms_norm(x, delta, layer.input_norm, eps)
