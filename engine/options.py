@@ -60,9 +60,9 @@ class EngineOptions:
     fp8_prefill: str = "auto"
     # The batch-1 decode step: "fused" = the fused Triton decode kernels (fewer, larger launches: merged
     # projections, fused norms/router/GDN step/attention prologue, all-SM expert GEMVs); "reference" = the
-    # unfused torch/Triton path they are tested against; "auto" = fused on a GPU with Triton. "fused-pdl" = the
-    # fused kernels launched with programmatic dependent launch (sm_90+: each launch overlaps the previous
-    # kernel's tail; the same bytes). Opt-in until it is measured and its model-level GPU gate has run.
+    # unfused torch/Triton path they are tested against; "fused-pdl" = the fused kernels launched with
+    # programmatic dependent launch (sm_90+: each launch overlaps the previous kernel's tail; the same bytes);
+    # "auto" = fused-pdl on sm_90+, fused on other GPUs with Triton, reference on the CPU.
     decode_kernels: str = "auto"
     # CPU threads for torch (set once when a CPU engine is built); None = physical cores less one, at most 8.
     threads: int | None = None

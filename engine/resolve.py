@@ -403,12 +403,15 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, 
         raise OptionError("decode_kernels=fused-pdl needs Triton and a GPU of compute capability 9.0+ "
                           f"(this one: {'.'.join(map(str, capability)) if capability else 'unknown'}); use "
                           "decode_kernels=auto")
-    elif decode_kernels == "fused-pdl":
+    elif decode_kernels == "fused-pdl" or (decode_kernels == "auto" and sw.triton and capability is not None
+                                           and capability >= (9, 0)):
         out["decode"] = ("fused-pdl", "fused Triton batch-1 decode kernels, launched with programmatic dependent "
-                                      "launch (each launch overlaps the previous kernel's tail)")
+                                      "launch (each launch overlaps the previous kernel's tail; the same bytes; "
+                                      "H200 16K step 2.819 -> 2.591 ms, docs/RESULTS.md session 7)")
     elif sw.triton:
-        out["decode"] = ("fused", "fused Triton batch-1 decode kernels (plain launches; decode_kernels=fused-pdl "
-                                  "adds programmatic dependent launch on sm_90+)")
+        why = ("decode_kernels=fused" if decode_kernels == "fused" else
+               "programmatic dependent launch needs sm_90+")
+        out["decode"] = ("fused", f"fused Triton batch-1 decode kernels (plain launches: {why})")
     else:
         out["decode"] = ("reference", "the unfused decode path (Triton is not available)")
     return out

@@ -111,9 +111,13 @@ def test_the_two_old_disagreements_are_what_runs():
     gpu = resolve({"expert_slots": 2000}, BIG_NVFP4, fake.h200(), "cuda", ALL)
     assert gpu.slots == 2000 and gpu.bank == "pin-all" and gpu.bank_pinned and gpu.layer_major
     # The fused decode step keeps the shared expert inside the expert kernels: serial measured faster.
-    assert gpu.decode == "fused" and gpu.overlap == "off" and "measured slower" in gpu.reason("overlap")
-    pdl = resolve({"expert_slots": 2000, "decode_kernels": "fused-pdl"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
-    assert pdl.decode == "fused-pdl" and pdl.overlap == "off" and "programmatic" in pdl.reason("decode")
+    # auto on sm_90: the fused kernels with programmatic dependent launch; decode_kernels=fused: plain launches.
+    assert gpu.decode == "fused-pdl" and gpu.overlap == "off" and "measured slower" in gpu.reason("overlap")
+    assert "programmatic" in gpu.reason("decode")
+    plain = resolve({"expert_slots": 2000, "decode_kernels": "fused"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
+    assert plain.decode == "fused" and plain.overlap == "off" and "plain launches" in plain.reason("decode")
+    ampere = resolve({"expert_slots": 2000}, BIG_NVFP4, fake.fake_gpu_profile(cc="8.6"), "cuda", ALL)
+    assert ampere.decode == "fused" and "sm_90" in ampere.reason("decode")
     unfused = resolve({"expert_slots": 2000, "decode_kernels": "reference"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
     assert unfused.overlap == "copy-side" and "3 copy engines" in unfused.reason("overlap")
     assert gpu.stream_buffers == "borrowed" and gpu.vram.slots == 2000 * nvfp4_row_bytes(2048, 512)

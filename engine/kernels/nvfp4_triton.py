@@ -85,9 +85,8 @@ def nvfp4_dequant_kernel(w_ptr, s_ptr, g_ptr, out_ptr, numel, K, BLOCK: tl.const
 
 def nvfp4_dequant(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """One pass for what quant.formats.dequant_nvfp4 computes in about ten (int64 codes, a table gather, the
-    repeated block scales, fp32 products), byte-equal to it in Triton's interpreter. For the W4A16 prefill of
-    the NVFP4 dense linears (the shared expert, once per chunk); QuantLinear takes it once
-    scripts/bench_fp8_prefill.py has shown it byte-equal on a GPU (not yet run there)."""
+    repeated block scales, fp32 products), byte-equal to it (tests/test_kernels_dequant.py, interpreter and
+    GPU). QuantLinear's W4A16 prefill of the NVFP4 dense linears (the shared expert) dequantizes with it on a GPU."""
     n, k = packed.shape[0], packed.shape[1] * 2
     out = torch.empty(n, k, device=packed.device, dtype=dtype)
     block = 4096

@@ -17,9 +17,18 @@ FP8_MAX = 448.0
 FP4_MAX = 6.0
 
 
+_TABLES: dict[str, torch.Tensor] = {}
+
+
 def e2m1_table(device=None) -> torch.Tensor:
-    pos = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
-    return torch.cat([pos, -pos])  # codes 8-15 are the negatives
+    """The 16 code values, made once per device: a fresh host-to-device tensor each call waits for the GPU (960
+    such waits in one 16K prefill: docs/RESULTS.md, session 7)."""
+    key = str(torch.device(device) if device is not None else torch.device("cpu"))
+    table = _TABLES.get(key)
+    if table is None:
+        pos = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+        table = _TABLES[key] = torch.cat([pos, -pos])  # codes 8-15 are the negatives
+    return table
 
 
 def dequant_nvfp4(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor,

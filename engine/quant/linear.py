@@ -8,8 +8,15 @@ dequantize the weight in row blocks of at most BLOCK_BYTES into a transient buff
 path) every call dequantizes, which is exactly what loading dequantized weights would compute.
 With fp8_scaled_mm, an FP8 layer's prefill (more than one token) runs W8A8 on the tensor cores instead
 (kernels/fp8_scaled_mm.py: activations quantized per token, the weight bytes used as stored).
+Layer-major prefill runs every chunk of a window through one layer before the next: inside `dequantized_once()`
+a layer's weights are dequantized for its first chunk and reused by the others (the same values, so the bytes
+equal chunked prefill's), instead of once per chunk (at 16K that was 24 dequantizations per layer, most of
+TTFT's host time: docs/RESULTS.md, session 7).
 """
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +26,21 @@ from .formats import dequant_fp8, dequant_nvfp4
 from .scheme import FP8, NVFP4
 
 BLOCK_BYTES = 64 * 2**20  # transient dequantized rows per block in prefill (the lm_head alone is ~1 GB in BF16)
+MEMO_BYTES = 2 * BLOCK_BYTES  # at most this much of one layer's dequantized weights is kept for its next chunks
+
+# (linear id, start, stop) -> dequantized rows, and the bytes held; None outside dequantized_once().
+_memo: contextvars.ContextVar[dict | None] = contextvars.ContextVar("qwenlocal_dequant_memo", default=None)
+
+
+@contextlib.contextmanager
+def dequantized_once():
+    """Inside: each QuantLinear's dequantized rows are computed once and reused (up to MEMO_BYTES in all, then
+    per call again); released on exit. For one layer of layer-major prefill, whose chunks share the weights."""
+    token = _memo.set({"bytes": 0})
+    try:
+        yield
+    finally:
+        _memo.reset(token)
 
 
 class QuantLinear:
@@ -45,11 +67,32 @@ class QuantLinear:
         return self.tensors["weight"].device
 
     def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Rows start:stop of the weight in self.dtype (the reference the kernels are tested against)."""
+        """Rows start:stop of the weight in self.dtype: quant.formats' torch reference, or with the kernels on a
+        GPU its one-pass Triton twin (byte-equal to it: tests/test_kernels_dequant.py); reused inside
+        dequantized_once()."""
+        memo = _memo.get()
+        key = (id(self), start, stop)
+        if memo is not None and key in memo:
+            return memo[key]
+        w = self._dequantize(slice(start, stop))
+        if memo is not None and memo["bytes"] + w.numel() * w.element_size() <= MEMO_BYTES:
+            memo[key] = w
+            memo["bytes"] += w.numel() * w.element_size()
+        return w
+
+    def _dequantize(self, rows: slice) -> torch.Tensor:
         t = self.tensors
-        rows = slice(start, stop)
+        fast = self.use_kernels and t["weight"].is_cuda
         if self.fmt == NVFP4:
+            if fast:
+                from ..kernels.nvfp4_triton import nvfp4_dequant
+
+                return nvfp4_dequant(t["weight"][rows], t["weight_scale"][rows], t["weight_scale_2"], self.dtype)
             return dequant_nvfp4(t["weight"][rows], t["weight_scale"][rows], t["weight_scale_2"], self.dtype)
+        if fast:
+            from ..kernels.fp8_triton import fp8_dequant
+
+            return fp8_dequant(t["weight"][rows], t["weight_scale"], self.dtype)
         return dequant_fp8(t["weight"][rows], t["weight_scale"], self.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

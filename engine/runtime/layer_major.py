@@ -24,6 +24,7 @@ from ..errors import GenerationCancelled
 from ..model.cache import SequenceState
 from ..model.qwen3_5_moe import Qwen35MoeModel
 from ..offload.parking import SlotParking
+from ..quant.linear import dequantized_once
 
 
 def layer_major_prefill(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chunk: int,
@@ -73,20 +74,8 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
     attention, routing = model.kernels.attention, model.routing
     try:
         for layer in model.layers:
-            for i, (a, b) in enumerate(bounds):
-                if cancel is not None and cancel.is_set():
-                    raise GenerationCancelled("prefill cancelled")
-                if layer.is_attention:  # the plan only serves attention layers (3 in 4 are GatedDeltaNet)
-                    attention.prepare(start + a, b - a, decode=False)
-                if routing is not None:
-                    routing.advance(a)  # the trace rows chunked prefill would give this chunk
-                out = layer.forward(xs[i], positions[i], state, start + a, decode=False)
-                if park is None:
-                    xs[i] = out
-                else:
-                    xs[i].copy_(out)  # back into the parking bytes; `out` (one chunk) is freed right away
-                if routing is not None:
-                    routing.advance(-a)
+            with dequantized_once():  # the layer's FP8/NVFP4 weights dequantized for its first chunk only
+                _layer_chunks(layer, state, xs, positions, bounds, start, cancel, park, attention, routing)
     except GenerationCancelled:
         state.restore(snap)
         raise
@@ -94,3 +83,21 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
         routing.advance(ids.shape[0])
     state.seq_len = start + ids.shape[0]
     return [model.final_norm(x) for x in xs]
+
+
+def _layer_chunks(layer, state, xs, positions, bounds, start, cancel, park, attention, routing) -> None:
+    """Every chunk of the window through one layer, in order (xs[i] is replaced, or rewritten when parked)."""
+    for i, (a, b) in enumerate(bounds):
+        if cancel is not None and cancel.is_set():
+            raise GenerationCancelled("prefill cancelled")
+        if layer.is_attention:  # the plan only serves attention layers (3 in 4 are GatedDeltaNet)
+            attention.prepare(start + a, b - a, decode=False)
+        if routing is not None:
+            routing.advance(a)  # the trace rows chunked prefill would give this chunk
+        out = layer.forward(xs[i], positions[i], state, start + a, decode=False)
+        if park is None:
+            xs[i] = out
+        else:
+            xs[i].copy_(out)  # back into the parking bytes; `out` (one chunk) is freed right away
+        if routing is not None:
+            routing.advance(-a)
