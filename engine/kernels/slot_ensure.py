@@ -6,8 +6,9 @@ H200 (the overlap micro-bench: the copy started ~200 us after the fork when it q
 ~6-8 ms of a ~20 ms step over 40 layers. This does the same bookkeeping in one launch:
 
   hits: slot_map[layer*E + id] >= 0; the slots they hit are protected from eviction;
-  victims: the k smallest stamps among the other slots, in ascending order (stamps are unique, so the order is
-    total), found in one pass over the stamps in tiles, each tile merged into a running sorted list;
+  victims: the m smallest stamps among the other slots (m = this step's misses; none without a miss), in
+    ascending order (stamps are unique, so the order is total), found in one pass over the stamps in tiles, each
+    tile merged into a running sorted list;
   the i-th miss (in id order) takes the i-th victim; evicted keys leave the slot map, new keys enter it;
   clock += 1; stamps[final] = clock * (N + 1) + position; hit/miss counters;
   the miss plan: bank rows (src) and slots (dst), misses first in id order, then hits (dst = N, the scratch row).
@@ -22,6 +23,8 @@ import triton
 import triton.language as tl
 
 BIG = 2**62  # above any stamp (clock * (N + 1) + position stays far below it)
+# Stamps per tile of the victim pass: fewer tiles, fewer merge rounds (16 int64 a thread at 8 warps).
+TILE_MAX = 4096
 
 
 @triton.jit
@@ -35,36 +38,39 @@ def _ensure_kernel(ids_ptr, slot_map_ptr, slot_key_ptr, stamps_ptr, clock_ptr, h
     hit = valid & (slot >= 0)
     miss = valid & (slot < 0)
 
-    # The K smallest stamps of the unprotected slots, ascending (run_val/run_idx, lanes >= K stay BIG).
-    run_val = tl.full([KP], BIG, tl.int64)
+    miss_i = miss.to(tl.int64)
+    count = tl.sum(miss_i, axis=0)
+
+    # The `count` smallest stamps of the unprotected slots, ascending, in run_idx[:count]: the victims. Only
+    # the first `count` are ever used, so a step without a miss (most steps, at a high hit rate) scans nothing.
     run_idx = tl.zeros([KP], dtype=tl.int64)
-    offs = tl.arange(0, TILE)
-    for t0 in range(0, num_slots, TILE):
-        at = t0 + offs
-        inside = at < num_slots
-        stamp = tl.load(stamps_ptr + at, mask=inside, other=BIG)
-        protected = tl.sum(((at[:, None] == slot[None, :]) & hit[None, :]).to(tl.int32), axis=1) > 0
-        cand = tl.where(inside & ~protected, stamp, BIG)
-        new_val = tl.full([KP], BIG, tl.int64)
-        new_idx = tl.zeros([KP], dtype=tl.int64)
-        for r in tl.static_range(K):  # merge: take the smaller head of the tile and of the running list
-            tile_min = tl.min(cand, axis=0)
-            tile_arg = tl.argmin(cand, axis=0)
-            run_min = tl.min(run_val, axis=0)
-            run_arg = tl.argmin(run_val, axis=0)
-            from_tile = tile_min < run_min
-            run_at = tl.sum(tl.where(lane == run_arg, run_idx, 0), axis=0)
-            new_val = tl.where(lane == r, tl.where(from_tile, tile_min, run_min), new_val)
-            new_idx = tl.where(lane == r, tl.where(from_tile, t0 + tile_arg, run_at), new_idx)
-            cand = tl.where(from_tile & (offs == tile_arg), BIG, cand)
-            run_val = tl.where(~from_tile & (lane == run_arg), BIG, run_val)
-        run_val, run_idx = new_val, new_idx
+    if count > 0:
+        run_val = tl.full([KP], BIG, tl.int64)
+        offs = tl.arange(0, TILE)
+        for t0 in range(0, num_slots, TILE):
+            at = t0 + offs
+            inside = at < num_slots
+            stamp = tl.load(stamps_ptr + at, mask=inside, other=BIG)
+            protected = tl.sum(((at[:, None] == slot[None, :]) & hit[None, :]).to(tl.int32), axis=1) > 0
+            cand = tl.where(inside & ~protected, stamp, BIG)
+            new_val = tl.full([KP], BIG, tl.int64)
+            new_idx = tl.zeros([KP], dtype=tl.int64)
+            for r in range(0, count):  # merge: take the smaller head of the tile and of the running list
+                tile_min = tl.min(cand, axis=0)
+                tile_arg = tl.argmin(cand, axis=0)
+                run_min = tl.min(run_val, axis=0)
+                run_arg = tl.argmin(run_val, axis=0)
+                from_tile = tile_min < run_min
+                run_at = tl.sum(tl.where(lane == run_arg, run_idx, 0), axis=0)
+                new_val = tl.where(lane == r, tl.where(from_tile, tile_min, run_min), new_val)
+                new_idx = tl.where(lane == r, tl.where(from_tile, t0 + tile_arg, run_at), new_idx)
+                cand = tl.where(from_tile & (offs == tile_arg), BIG, cand)
+                run_val = tl.where(~from_tile & (lane == run_arg), BIG, run_val)
+            run_val, run_idx = new_val, new_idx
 
     # The i-th miss in id order takes the i-th victim.
-    miss_i = miss.to(tl.int64)
     hit_i = hit.to(tl.int64)
     miss_rank = tl.cumsum(miss_i, axis=0) - 1
-    count = tl.sum(miss_i, axis=0)
     rank = tl.maximum(miss_rank, 0)
     new_slot = tl.sum(tl.where(lane[None, :] == rank[:, None], run_idx[None, :], 0), axis=1)
     final = tl.where(hit, slot, new_slot)
@@ -96,7 +102,7 @@ class FusedEnsure:
     def __init__(self, num_layers: int, top_k: int, num_slots: int, device: torch.device):
         self.k = top_k
         self.kp = triton.next_power_of_2(top_k)
-        self.tile = min(1024, triton.next_power_of_2(num_slots))  # stamps scanned per step of the victim pass
+        self.tile = min(TILE_MAX, triton.next_power_of_2(num_slots))  # stamps scanned per step of the victim pass
         self.final = torch.zeros(num_layers, self.kp, dtype=torch.long, device=device)
         self.src = torch.zeros(num_layers, self.kp, dtype=torch.long, device=device)
         self.dst = torch.zeros(num_layers, self.kp, dtype=torch.long, device=device)
@@ -108,5 +114,5 @@ class FusedEnsure:
         _ensure_kernel[(1,)](ids.reshape(-1), cache.slot_map, cache.slot_key, cache.stamps, cache.clock,
                              cache.hits, cache.misses, self.final[layer], self.src[layer], self.dst[layer],
                              self.count[layer], layer * cache.num_experts, cache.num_slots,
-                             K=k, KP=self.kp, TILE=self.tile, BIG=BIG, num_warps=4)
+                             K=k, KP=self.kp, TILE=self.tile, BIG=BIG, num_warps=8)
         return self.final[layer, :k], self.src[layer, :k], self.dst[layer, :k], self.count[layer]
