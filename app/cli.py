@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from qwenlocal.engine.errors import QwenlocalError
@@ -17,6 +18,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("qwenlocal.app.commands.generate", "one prompt in, one streamed reply out (no TUI)"),
     "serve": ("qwenlocal.app.commands.serve", "serve the model over an OpenAI-compatible HTTP API"),
 }
+
+# The exit status when stdout's reader went away (`qwenlocal models --json | head -1`): 1, as in Python's recipe
+# and as Rich's Console exits when it meets the broken pipe itself (on_broken_pipe), so plain prints and Rich tables
+# end alike. Not 0: `set -o pipefail` scripts still learn the output was cut short. (Not 141: nothing is killed by
+# a signal here, and Windows has no SIGPIPE.)
+EXIT_BROKEN_PIPE = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +49,34 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Python's recommended handling of a closed stdout (docs: signal, "Note on SIGPIPE"): catch BrokenPipeError,
+    # flush inside the try (small outputs are only written at exit), then point stdout at devnull so the
+    # interpreter's own final flush does not fail and print "Exception ignored" again. Not signal.SIGPIPE: Windows
+    # has none, and SIG_DFL would also kill `serve` when a client socket closes.
+    try:
+        try:
+            return _run(argv)
+        finally:
+            if sys.stdout is not None:  # None under pythonw
+                sys.stdout.flush()  # also after argparse's SystemExit (--help, --version)
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no real file behind stdout (None, or a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

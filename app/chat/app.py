@@ -2,13 +2,12 @@
 
 Threads: the backend's `load` and each turn's event loop run in thread workers (harlequin style). They only
 post typed messages (messages.py); every widget is touched here, on the UI thread. The user-facing commands
-(new chat, regenerate, edit, ...) live in actions.py.
+(new chat, regenerate, edit, ...) live in actions.py; what keeps stalls off the UI thread mid-reply (lexers
+warmed while loading, garbage collection paced between replies) in stalls.py.
 """
 from __future__ import annotations
 
-import gc
 import threading
-import time
 from pathlib import Path
 
 from textual import work
@@ -33,15 +32,10 @@ from .overflow import ContextFullActions, SendPlan
 from .panels import LoadingScreen
 from .prompt import SEND_DEFAULT, SEND_ID, PromptInput
 from .settings import load_chat_settings
+from .stalls import GcPacing, warm_code_highlighting
 from .status import StatusBar, plan_summary
 from .store import ConversationStore
 from .widgets import AssistantMessage, UserMessage
-
-GC_DELAY_S = 0.5  # after a turn ends: let the last repaint happen first
-GC_QUIET_S = 1.0  # ... and wait for a pause in the typing: the full pass stalls the UI thread (~200 ms measured)
-_GC_DEFAULT = gc.get_threshold()
-_GC_NO_FULL = 1_000_000  # gen-1 collections before a gen-2 one: "not during this reply"
-
 
 def _css_path() -> Path:
     # Editable installs map qwenlocal.assets to the repo's assets/; a wheel puts it next to qwenlocal.app.
@@ -50,28 +44,7 @@ def _css_path() -> Path:
     return Path(qwenlocal.assets.__file__).parent / "chat.tcss"
 
 
-def warm_code_highlighting() -> None:
-    """Import the syntax lexers replies use most, while the loading screen is up: the first Python code block
-    otherwise pays pygments' lexer import (~80 ms) on the UI thread, mid-reply, in front of a key press."""
-    try:
-        from pygments.lexers import get_lexer_by_name
-    except ImportError:
-        return
-    for name in ("python", "bash", "json", "javascript", "typescript", "c", "cpp", "rust", "go", "java",
-                 "markdown", "yaml", "toml", "sql", "html", "css", "diff", "text"):
-        try:
-            get_lexer_by_name(name)
-        except Exception:  # a lexer this pygments lacks: nothing to warm
-            continue
-    try:  # and Textual's own highlighting path (its theme and token tables), as a code block will use it
-        from textual.highlight import highlight
-
-        highlight("for i in range(3):\n    print(i)\n", language="python")
-    except Exception:  # an older Textual without textual.highlight: the lexers above are the main cost
-        pass
-
-
-class ChatApp(ChatActions, ContextFullActions, CopyActions, App[int]):
+class ChatApp(ChatActions, ContextFullActions, CopyActions, GcPacing, App[int]):
     CSS_PATH = _css_path()
     TITLE = "qwenlocal chat"
     COMMANDS = App.COMMANDS | {ChatCommandsProvider}
@@ -138,7 +111,7 @@ class ChatApp(ChatActions, ContextFullActions, CopyActions, App[int]):
         self._loading: LoadingScreen | None = None
         self._load_state: tuple[tuple[str, ...], int, int] = ((), 0, 1)
         self._load_posted = False
-        self._typed_at = 0.0  # when a text field last changed (see _gc_checkpoint)
+        self._typed_at = 0.0  # when a text field last changed (see stalls.py)
         self._gc_timer: Timer | None = None
 
     # ----- layout and start-up -----
@@ -225,8 +198,7 @@ class ChatApp(ChatActions, ContextFullActions, CopyActions, App[int]):
         self.save_partial_reply()  # the app closing with a reply in flight, however it closes
         self._cancel.set()
         self.backend.close()
-        gc.set_threshold(*_GC_DEFAULT)  # the process (a test run, say) outlives the app: leave GC as it was
-        gc.unfreeze()
+        self.restore_gc()
 
     # ----- sending and the turn loop -----
     async def on_prompt_input_submitted(self, m: PromptInput.Submitted) -> None:
@@ -259,7 +231,7 @@ class ChatApp(ChatActions, ContextFullActions, CopyActions, App[int]):
         """Run the backend on the conversation as it stands and stream the reply into a new widget."""
         self._turn_id += 1
         self.generating = True
-        gc.set_threshold(_GC_DEFAULT[0], _GC_DEFAULT[1], _GC_NO_FULL)  # see _gc_checkpoint
+        self.hold_full_gc()
         self._cancel = cancel = threading.Event()
         prev_done, self._turn_done = self._turn_done, threading.Event()
         self._reply = AssistantMessage(streaming=True)
@@ -362,37 +334,12 @@ class ChatApp(ChatActions, ContextFullActions, CopyActions, App[int]):
     def drop_reply(self) -> None:
         """The current reply is over (finished, failed, or abandoned by a rewind)."""
         self.generating, self._reply = False, None
-        # gen-2 stays held until the checkpoint's own full pass. Restoring the default thresholds here made the
-        # very next gen-1 collection a full one (36-95 ms measured, right as the reply ended).
-        if self._gc_timer is None:
-            self._gc_timer = self.set_timer(GC_DELAY_S, self._gc_checkpoint)
+        self.schedule_gc_checkpoint()
 
     def on_text_area_changed(self, m: TextArea.Changed) -> None:
-        self._typed_at = time.perf_counter()
+        self.note_typing()
         if self._reply is not None and m.text_area is self.prompt:
             self._reply.typed()  # while typing, the streaming reply redraws right after each key (widgets.py)
-
-    def _gc_checkpoint(self) -> None:
-        """The full garbage collection, run here while idle instead of in the middle of a reply.
-
-        A full (gen-2) pass scans every tracked object: with a loaded model and a long conversation it took
-        30-60 ms and landed mid-stream, stalling key presses. So while a reply streams, gen-2 is held off
-        (start_turn; young garbage is still collected by gen 0/1), and after each turn one full pass runs here.
-        What survives is then frozen, so the occasional gen-2 pass between turns scans only newer objects;
-        unfreezing first lets this pass free what was frozen and has since been dropped (old widgets).
-        That pass took 120-200 ms in tests (torch loaded), and people often type the next prompt just as a reply
-        ends: while they type it waits (gen-2 stays held), and runs at the first pause of GC_QUIET_S.
-        """
-        self._gc_timer = None
-        if self.generating:
-            return  # this turn's end schedules the next checkpoint
-        if time.perf_counter() - self._typed_at < GC_QUIET_S:
-            self._gc_timer = self.set_timer(GC_DELAY_S, self._gc_checkpoint)
-            return
-        gc.unfreeze()
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*_GC_DEFAULT)
 
     def stop_generation(self) -> bool:
         if not self.generating:
