@@ -146,6 +146,31 @@ def test_zero_copy_gather_kernel_matches_reference():
     assert torch.isnan(rows[2]).all()  # beyond the device-side count: untouched
 
 
+@pytest.mark.parametrize("dtype, row", [(torch.uint8, 1772), (torch.uint8, 1771), (torch.bfloat16, 998),
+                                        (torch.bfloat16, 999)])
+def test_zero_copy_gather_as_words_or_not_copies_the_exact_bytes(dtype, row):
+    """NVFP4 rows (uint8) and BF16 rows are copied as int32 words when the row is a multiple of 4 bytes, else in
+    their own dtype: either way the exact bytes, and rows past the count untouched."""
+    pytest.importorskip("triton")
+    from qwenlocal.engine.kernels.expert_copy import _as_words, gather_experts
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(row)
+    bank = torch.randint(0, 256, (12, row * torch.finfo(dtype).bits // 8 if dtype.is_floating_point else row),
+                         dtype=torch.uint8, generator=gen).view(dtype)
+    bank = bank.pin_memory() if device == "cuda" else bank
+    rows = torch.zeros(5, row, dtype=dtype, device=device)
+    words = (row * bank.element_size()) % 4 == 0
+    assert (_as_words(bank) is not None) == words
+    src, dst = torch.tensor([11, 2, 5], device=device), torch.tensor([4, 0, 1], device=device)
+    gather_experts(bank, src, dst, torch.tensor([2], device=device), rows, block=64)
+    got = rows.cpu().view(torch.uint8)
+    assert torch.equal(got[4], bank[11].view(torch.uint8)) and torch.equal(got[0], bank[2].view(torch.uint8))
+    assert not got[1].any() and not got[2:4].any()  # dst 1 is the third entry, beyond the count
+    with pytest.raises(ValueError, match="same length"):
+        gather_experts(bank, src, dst, torch.tensor([2], device=device), rows[:, :-1].contiguous())
+
+
 def test_short_prefill_through_slots_matches_the_lru_model_and_moves_fewer_bytes(tiny_ckpt):
     """ensure_many (a short prompt's distinct experts at once) interleaved with ensure (decode steps) keeps the
     slot map equal to the plain-Python LRU; a short prompt through the slots gives the streamed bytes exactly,
