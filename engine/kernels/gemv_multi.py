@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .launch import gdc_prologue, pdl_launch
+from .launch import gdc_prologue, pdl_launch, prefetch_l2
 from ..quant.formats import dequant_fp8, dequant_nvfp4
 from .nvfp4_triton import _store_exact, exact_out
 
@@ -152,13 +152,42 @@ def _nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.c
 
 
 @triton.jit
+def _line_offsets(rows64, mask_n, ROW_UNITS: tl.constexpr, LINE_UNITS: tl.constexpr, LINES: tl.constexpr):
+    """[BLOCK_N, LINES (padded to a power of 2)] offsets, in pointer elements, of every 128 B line of the rows
+    (ROW_UNITS elements a row, LINE_UNITS a line); masked rows and padding lines give 0 (the first line: a
+    valid address)."""
+    line = tl.arange(0, triton.next_power_of_2(LINES))
+    ok = mask_n[:, None] & (line < LINES)[None, :]
+    return tl.where(ok, rows64[:, None] * ROW_UNITS + (line * LINE_UNITS)[None, :], 0)
+
+
+@triton.jit
+def _prefetch_part(base, rows64, mask_n, ROW_UNITS: tl.constexpr, LINE_UNITS: tl.constexpr,
+                   LINES: tl.constexpr, USE_GDC: tl.constexpr):
+    prefetch_l2(base + _line_offsets(rows64, mask_n, ROW_UNITS, LINE_UNITS, LINES), USE_GDC)
+
+
+@triton.jit
+def _prefetch_rows(w, s, rows64, mask_n, K: tl.constexpr, FMT: tl.constexpr, USE_GDC: tl.constexpr):
+    """The program's weight rows (and NVFP4 block scales) into L2 ahead of the wait (PDL only)."""
+    if USE_GDC:
+        if FMT == 0:
+            unit: tl.constexpr = w.dtype.element_ty.primitive_bitwidth // 8
+            _prefetch_part(w, rows64, mask_n, K, 128 // unit, (K * unit + 127) // 128, USE_GDC)
+        elif FMT == 1:  # int32 words of 4 codes
+            _prefetch_part(w, rows64, mask_n, K // 4, 32, (K + 127) // 128, USE_GDC)
+        else:  # int64 words of 16 codes, then the scale bytes
+            _prefetch_part(w, rows64, mask_n, K // 16, 16, (K // 2 + 127) // 128, USE_GDC)
+            _prefetch_part(s, rows64, mask_n, K // 16, 128, (K // 16 + 127) // 128, USE_GDC)
+
+
+@triton.jit
 def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1, n2, n3, p1, p2, p3,
                       K: tl.constexpr, FMT: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
                       USE_GDC: tl.constexpr = False):
     """Part i (n_i rows, weight w_i, scales s_i / g_i) owns the programs p_i .. p_{i+1} - 1 (p_0 = 0) and output
     rows n_0 + .. + n_{i-1} onwards. Parts beyond PARTS are never read (the wrapper passes part 0 there)."""
-    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     pid = tl.program_id(0)
     w, s, g, n, local, row0 = w0, s0, g0, n0, pid, 0
     if PARTS > 1:
@@ -176,6 +205,10 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
     rows = local * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows < n
     rows64 = rows.to(tl.int64)
+    # The weights are never written during decode: their lines are asked of L2 before the wait, so that with
+    # programmatic launch they stream in while the previous kernel (often a one-program norm) still runs.
+    _prefetch_rows(w, s, rows64, mask_n, K, FMT, USE_GDC)
+    gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):  # one block where K <= BLOCK_K; unrolled otherwise (K/BLOCK_K small)

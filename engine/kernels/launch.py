@@ -40,6 +40,16 @@ def pdl_launch(device: torch.device) -> dict:
 
 
 @triton.jit
+def prefetch_l2(ptrs, USE_GDC: tl.constexpr):
+    """With programmatic launch, ask L2 for the lines at `ptrs` (a tensor of pointers, one per 128 B line) before
+    gdc_prologue: for bytes no kernel of the step writes (weights), which then stream in while the previous
+    kernel still runs. A hint (no data moves into registers, nothing is ordered); plain launches skip it."""
+    if USE_GDC:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def gdc_prologue(USE_GDC: tl.constexpr):
     if USE_GDC:
         gdc_wait()
