@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench_resident import timed  # scripts/ is on the path when this runs as a script
 from qwenlocal.engine import Engine
+from qwenlocal.engine.kernels import gemv_multi
 from qwenlocal.engine.bench.measure import device_gbps
 from qwenlocal.engine.roofline import model_step_bytes
 
@@ -90,7 +91,10 @@ def main() -> None:
     bw = device_gbps("cuda") * 1e9
     results = []
     for dk in a.decode_kernels.split(","):
-        r = arm(a.model, a.context, dk, a.vram_budget, a.routing, a.top)
+        # "fused-pdl/no-prefetch": the same kernels without gemv_multi's L2 weight prefetch (its A/B)
+        gemv_multi.WEIGHT_PREFETCH = not dk.endswith("/no-prefetch")
+        r = arm(a.model, a.context, dk.removesuffix("/no-prefetch"), a.vram_budget, a.routing, a.top)
+        r["decode_kernels"] = dk
         r["device_bandwidth_gbps"] = bw / 1e9
         roof_ms = 1e3 * r["step_bytes"]["total"] / bw
         r["hbm_roofline_ms"] = roof_ms
@@ -111,11 +115,11 @@ def main() -> None:
             print(f"graph: {r['graph_ms_per_step']:.3f} ms/step ({1e3 / r['graph_ms_per_step']:.1f} tok/s), "
                   f"{r['graph_kernels_per_step']:,} kernels/replay, {r['hbm_fraction']:.1%} of the HBM roofline")
     print("\n== summary ==")
-    print(f"{'arm':<10} {'eager kernels':>13} {'graph kernels':>13} {'graph ms':>9} {'tok/s':>7} {'roofline ms':>11} "
+    print(f"{'arm':<22} {'eager kernels':>13} {'graph kernels':>13} {'graph ms':>9} {'tok/s':>7} {'roofline ms':>11} "
           f"{'fraction':>8}")
     for r in results:
         g = r.get("graph_ms_per_step")
-        print(f"{r['decode_kernels']:<10} {r['eager_kernels_per_step']:>13,} {r.get('graph_kernels_per_step', 0):>13,} "
+        print(f"{r['decode_kernels']:<22} {r['eager_kernels_per_step']:>13,} {r.get('graph_kernels_per_step', 0):>13,} "
               f"{g or float('nan'):>9.3f} {1e3 / g if g else float('nan'):>7.1f} {r['hbm_roofline_ms']:>11.3f} "
               f"{r.get('hbm_fraction', float('nan')):>8.1%}")
     if a.json:

@@ -56,7 +56,7 @@ for name in fn.arg_names:
     kind = name.rstrip("0123456789")
     sig[name] = {"x_ptr": "*bf16", "out_ptr": "*i16"}.get(name, types.get(kind, "constexpr"))
 consts = dict(K=k, FMT=gm._FMT_ID[fmt], PARTS=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-              CHUNK=gm.chunk_words(fmt, cfg), OUT_BF16=True, USE_GDC=True)
+              CHUNK=gm.chunk_words(fmt, cfg), OUT_BF16=True, USE_GDC=True, PREFETCH=True)
 attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if sig[name].startswith("*")}
 kernel = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                         options=dict(num_warps=cfg.num_warps))

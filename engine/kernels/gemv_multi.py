@@ -185,7 +185,7 @@ def _prefetch_rows(w, s, rows64, mask_n, K: tl.constexpr, FMT: tl.constexpr, USE
 def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1, n2, n3, p1, p2, p3,
                       K: tl.constexpr, FMT: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
-                      USE_GDC: tl.constexpr = False):
+                      USE_GDC: tl.constexpr = False, PREFETCH: tl.constexpr = True):
     """Part i (n_i rows, weight w_i, scales s_i / g_i) owns the programs p_i .. p_{i+1} - 1 (p_0 = 0) and output
     rows n_0 + .. + n_{i-1} onwards. Parts beyond PARTS are never read (the wrapper passes part 0 there)."""
     pid = tl.program_id(0)
@@ -207,7 +207,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
     rows64 = rows.to(tl.int64)
     # The weights are never written during decode: their lines are asked of L2 before the wait, so that with
     # programmatic launch they stream in while the previous kernel (often a one-program norm) still runs.
-    _prefetch_rows(w, s, rows64, mask_n, K, FMT, USE_GDC)
+    _prefetch_rows(w, s, rows64, mask_n, K, FMT, USE_GDC and PREFETCH)
     gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -234,6 +234,9 @@ class GemvConfig:
     num_stages: int = 1  # the K blocks are unrolled (K is a compile-time constant): nothing to pipeline
 
 
+# The L2 prefetch of the weights ahead of the programmatic-launch wait (PDL only). A switch for the A/B of
+# scripts/profile_decode.py (arm "fused-pdl/no-prefetch"), not an engine option: it changes no byte.
+WEIGHT_PREFETCH = True
 TARGET_PROGRAMS = 512  # ~4 per SM of an H200, so the last wave is a small part of the launch
 MAX_TILE_BYTES = 32 * 1024  # weight bytes per program and K block: <= 128 B (8 x 16 B loads) a thread at 8 warps
 BYTES_PER_THREAD = 128
@@ -359,7 +362,7 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
     gemv_multi_kernel[(sum(programs),)](
         x.reshape(-1).contiguous(), exact_out(out), *ws, *ss, *gs, *(ns + [0] * pad), *starts,
         K=k, FMT=_FMT_ID[fmt], PARTS=len(args), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        CHUNK=chunk_words(fmt, cfg, elem),
+        CHUNK=chunk_words(fmt, cfg, elem), PREFETCH=WEIGHT_PREFETCH,
         OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_launch(x.device))
     return out
