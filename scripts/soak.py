@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the stated bound: RSS growth from the first 10%% to the last 10%% of samples")
     p.add_argument("--only", choices=["chat", "serve"], help="run one part")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--trace-python", action="store_true",
+                   help="chat part: tracemalloc over the sampled turns (what the Python heap kept, and where)")
     args = p.parse_args(argv)
     if args.quick:
         args.turns, args.minutes = min(args.turns, 60), min(args.minutes, 0.5)
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         from soak_chat import run_chat
 
         a = fig["chat"] = run_chat(args.turns, args.seed, every_s=every, warmup=10 if args.quick else 30,
-                                   log=lambda s: print(s, flush=True))
+                                   log=lambda s: print(s, flush=True), trace_python=args.trace_python)
         a_ok = not (a["lost"] or a["mismatched"] or a["store_bad"]) and a["rss"]["growth_mib"] < args.rss_bound_mib
         good &= a_ok
         lines += report_chat(a)

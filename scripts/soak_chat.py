@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from soak_rss import RssSampler, latency, now
+from soak_rss import PythonHeap, RssSampler, latency, now
 
 ACTIONS = (("new", 38), ("long", 16), ("regen", 14), ("edit", 14), ("cancel", 12), ("huge", 3), ("newchat", 3))
 WORDS = ("apple river stone cloud engine violet harbor seven orbit lantern copper meadow signal pepper quartz "
@@ -81,8 +81,10 @@ def _replay(engine, messages, sampling, thinking):
 
 
 def run_chat(turns: int, seed: int = 0, max_tokens: int = 12, max_context: int = 1024, every_s: float = 2.0,
-             warmup: int = 20, log=print) -> dict:
-    """`warmup` turns run (and are checked) before RSS sampling starts: the allocator's first growth is not a leak."""
+             warmup: int = 20, log=print, trace_python: bool = False) -> dict:
+    """`warmup` turns run (and are checked) before RSS sampling starts: the allocator's first growth is not a leak.
+    trace_python: tracemalloc over the sampled turns too, to tell Python objects that stay (a leak, or what the
+    soak itself keeps) from the allocator's behaviour (slower: every Python allocation is traced)."""
     from qwenlocal.app.chat.backend import EngineBackend
     from qwenlocal.app.chat.context import ContextTooLong, fit_to_context
     from qwenlocal.app.chat.conversation import Conversation
@@ -113,6 +115,8 @@ def run_chat(turns: int, seed: int = 0, max_tokens: int = 12, max_context: int =
     for turn in range(turns):
         if turn == min(warmup, turns - 1):
             sampler.start()
+            if trace_python:
+                traced = PythonHeap().start()
         action = _choose(rng)
         last_user = conv.last_index("user")
         if action in ("regen", "edit") and last_user is None:
@@ -199,6 +203,8 @@ def run_chat(turns: int, seed: int = 0, max_tokens: int = 12, max_context: int =
             log(f"  chat: {turn + 1}/{turns} turns, {now() - t_start:.0f} s")
     wall = now() - t_start
     rss = sampler.stop()
+    if trace_python:
+        rss["python_heap"] = traced.stop()
     _check_store_end(store, convs, fig)
     backend.close()
     return {"turns": fig.turns, "actions": fig.actions, "replies_ok": fig.replies_ok, "cancels_ok": fig.cancels_ok,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+import tracemalloc
 
 MIB = 1024 * 1024
 
@@ -57,6 +58,27 @@ class RssSampler:
         return rss_summary(self.samples, self.every_s)
 
 
+class PythonHeap:
+    """tracemalloc from start() to stop(): how much the Python heap grew and where (the top lines by growth)."""
+
+    def start(self, frames: int = 4) -> "PythonHeap":
+        tracemalloc.start(frames)
+        self._first = tracemalloc.take_snapshot()
+        return self
+
+    def stop(self, top: int = 10) -> dict:
+        last = tracemalloc.take_snapshot()
+        current, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        keep = [tracemalloc.Filter(False, tracemalloc.__file__)]
+        diff = last.filter_traces(keep).compare_to(self._first.filter_traces(keep), "traceback")
+        grew = sum(d.size_diff for d in diff)
+        return {"growth_mib": grew / MIB, "traced_now_mib": current / MIB, "traced_peak_mib": peak / MIB,
+                "top": [{"mib": d.size_diff / MIB, "blocks": d.count_diff,
+                         "where": " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}"
+                                              for f in d.traceback)} for d in diff[:top]]}
+
+
 def rss_summary(samples: list[int], every_s: float) -> dict:
     """First/median/max RSS and the growth from the first 10% of samples to the last 10% (means), in MiB."""
     if not samples:
@@ -85,9 +107,14 @@ def latency(values: list[float]) -> dict:
 def fmt_rss(r: dict) -> str:
     if not r.get("samples"):
         return "RSS: no samples"
-    return (f"RSS: {r['samples']} samples every {r['every_s']:g} s; first {r['first_mib']:.1f} MiB, median "
+    line = (f"RSS: {r['samples']} samples every {r['every_s']:g} s; first {r['first_mib']:.1f} MiB, median "
             f"{r['median_mib']:.1f}, max {r['max_mib']:.1f}; growth first 10% -> last 10% {r['growth_mib']:+.1f} MiB; "
             f"at each tenth of the run {' '.join(f'{x:g}' for x in r['deciles_mib'])}")
+    heap = r.get("python_heap")
+    if heap:
+        sites = "; ".join(f"{t['mib']:+.2f} MiB ({t['blocks']:+d} blocks) {t['where']}" for t in heap["top"][:5])
+        line += f"\nPython heap over the sampled turns (tracemalloc): {heap['growth_mib']:+.2f} MiB; top: {sites}"
+    return line
 
 
 def fmt_latency(name: str, lat: dict) -> str:
