@@ -91,9 +91,9 @@ def main() -> None:
     bw = device_gbps("cuda") * 1e9
     results = []
     for dk in a.decode_kernels.split(","):
-        # "fused-pdl/no-prefetch": the same kernels without gemv_multi's L2 weight prefetch (its A/B)
-        gemv_multi.WEIGHT_PREFETCH = not dk.endswith("/no-prefetch")
-        r = arm(a.model, a.context, dk.removesuffix("/no-prefetch"), a.vram_budget, a.routing, a.top)
+        # "fused-pdl/prefetch": the same kernels with gemv_multi's L2 weight prefetch before the wait (its A/B)
+        gemv_multi.WEIGHT_PREFETCH = dk.endswith("/prefetch")
+        r = arm(a.model, a.context, dk.removesuffix("/prefetch"), a.vram_budget, a.routing, a.top)
         r["decode_kernels"] = dk
         r["device_bandwidth_gbps"] = bw / 1e9
         roof_ms = 1e3 * r["step_bytes"]["total"] / bw

@@ -234,9 +234,9 @@ class GemvConfig:
     num_stages: int = 1  # the K blocks are unrolled (K is a compile-time constant): nothing to pipeline
 
 
-# The L2 prefetch of the weights ahead of the programmatic-launch wait (PDL only). A switch for the A/B of
-# scripts/profile_decode.py (arm "fused-pdl/no-prefetch"), not an engine option: it changes no byte.
-WEIGHT_PREFETCH = True
+# The L2 prefetch of the weights ahead of the programmatic-launch wait (PDL only): off until the A/B on a GPU
+# (scripts/profile_decode.py arm "fused-pdl/prefetch") shows it faster. Not an engine option: it changes no byte.
+WEIGHT_PREFETCH = False
 TARGET_PROGRAMS = 512  # ~4 per SM of an H200, so the last wave is a small part of the launch
 MAX_TILE_BYTES = 32 * 1024  # weight bytes per program and K block: <= 128 B (8 x 16 B loads) a thread at 8 warps
 BYTES_PER_THREAD = 128
