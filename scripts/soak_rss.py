@@ -75,8 +75,9 @@ class PythonHeap:
         grew = sum(d.size_diff for d in diff)
         return {"growth_mib": grew / MIB, "traced_now_mib": current / MIB, "traced_peak_mib": peak / MIB,
                 "top": [{"mib": d.size_diff / MIB, "blocks": d.count_diff,
+                         # the allocating line first, then its callers
                          "where": " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}"
-                                              for f in d.traceback)} for d in diff[:top]]}
+                                              for f in reversed(d.traceback))} for d in diff[:top]]}
 
 
 def rss_summary(samples: list[int], every_s: float) -> dict:
