@@ -30,10 +30,9 @@ def _as_words(t: torch.Tensor) -> torch.Tensor | None:
     """t [R, row] (row-contiguous) as int32 words [R, row_bytes / 4] when its rows allow it (4-byte row length
     and start), else None. Why: a warp's load of bytes (uint8 NVFP4 rows, 1,769,484 B a row: not 16-byte aligned, so Triton
     cannot widen the loads) asks PCIe for 32 B at a time; words make it 128 B, and 4x fewer programs."""
-    size = t.element_size()
-    if (t.shape[1] * size) % 4 or t.data_ptr() % 4:
+    if (t.shape[1] * t.element_size()) % 4 or t.data_ptr() % 4:
         return None
-    return t.view(torch.int32) if size != 4 else t
+    return t.view(torch.int32)
 
 
 def gather_experts(bank: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, count: torch.Tensor,

@@ -185,7 +185,7 @@ def _prefetch_rows(w, s, rows64, mask_n, K: tl.constexpr, FMT: tl.constexpr, USE
 def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1, n2, n3, p1, p2, p3,
                       K: tl.constexpr, FMT: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
-                      USE_GDC: tl.constexpr = False, PREFETCH: tl.constexpr = True):
+                      USE_GDC: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     """Part i (n_i rows, weight w_i, scales s_i / g_i) owns the programs p_i .. p_{i+1} - 1 (p_0 = 0) and output
     rows n_0 + .. + n_{i-1} onwards. Parts beyond PARTS are never read (the wrapper passes part 0 there)."""
     pid = tl.program_id(0)

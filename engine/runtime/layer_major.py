@@ -75,7 +75,20 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
     try:
         for layer in model.layers:
             with dequantized_once():  # the layer's FP8/NVFP4 weights dequantized for its first chunk only
-                _layer_chunks(layer, state, xs, positions, bounds, start, cancel, park, attention, routing)
+                for i, (a, b) in enumerate(bounds):
+                    if cancel is not None and cancel.is_set():
+                        raise GenerationCancelled("prefill cancelled")
+                    if layer.is_attention:  # the plan only serves attention layers (3 in 4 are GatedDeltaNet)
+                        attention.prepare(start + a, b - a, decode=False)
+                    if routing is not None:
+                        routing.advance(a)  # the trace rows chunked prefill would give this chunk
+                    out = layer.forward(xs[i], positions[i], state, start + a, decode=False)
+                    if park is None:
+                        xs[i] = out
+                    else:
+                        xs[i].copy_(out)  # back into the parking bytes; `out` (one chunk) is freed right away
+                    if routing is not None:
+                        routing.advance(-a)
     except GenerationCancelled:
         state.restore(snap)
         raise
@@ -84,20 +97,3 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
     state.seq_len = start + ids.shape[0]
     return [model.final_norm(x) for x in xs]
 
-
-def _layer_chunks(layer, state, xs, positions, bounds, start, cancel, park, attention, routing) -> None:
-    """Every chunk of the window through one layer, in order (xs[i] is replaced, or rewritten when parked)."""
-    for i, (a, b) in enumerate(bounds):
-        if cancel is not None and cancel.is_set():
-            raise GenerationCancelled("prefill cancelled")
-        if layer.is_attention:  # the plan only serves attention layers (3 in 4 are GatedDeltaNet)
-            attention.prepare(start + a, b - a, decode=False)
-        if routing is not None:
-            routing.advance(a)  # the trace rows chunked prefill would give this chunk
-        out = layer.forward(xs[i], positions[i], state, start + a, decode=False)
-        if park is None:
-            xs[i] = out
-        else:
-            xs[i].copy_(out)  # back into the parking bytes; `out` (one chunk) is freed right away
-        if routing is not None:
-            routing.advance(-a)
