@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 from collections import defaultdict
 
 import torch
@@ -36,6 +38,29 @@ def kernel_table(prof, steps: int) -> tuple[int, float, list[tuple[str, float, f
             micros[ev.name] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
     rows = sorted(((n, calls[n] / steps, micros[n] / steps) for n in calls), key=lambda r: -r[2])
     return sum(calls.values()) // steps, sum(micros.values()) / steps, rows
+
+
+def launch_table(prof, steps: int) -> list[tuple[str, str, float, float]]:
+    """[(kernel, grid x block, calls per step, us per step)] by time: the same kernel's launches told apart by
+    their launch shape (gemv_multi's in_proj vs o_proj vs lm_head), from the profiler's trace events."""
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)
+    finally:
+        os.unlink(path)
+    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    calls, micros = defaultdict(int), defaultdict(float)
+    for ev in events:
+        if ev.get("cat") != "kernel":
+            continue
+        args = ev.get("args", {})
+        key = (ev["name"], f"{args.get('grid')} x {args.get('block')}")
+        calls[key] += 1
+        micros[key] += float(ev.get("dur", 0.0))
+    return sorted(((k[0], k[1], calls[k] / steps, micros[k] / steps) for k in calls), key=lambda r: -r[3])
 
 
 def profile_steps(runner, state, token, steps: int):
@@ -60,8 +85,10 @@ def arm(model: str, context: int, decode_kernels: str, budget: str | None, routi
     runner.use_graph = False
     for _ in range(3):
         runner.decode(state, token)
-    n, us, rows = kernel_table(profile_steps(runner, state, token, 3), 3)
-    out.update(eager_kernels_per_step=n, eager_kernel_us_per_step=us, top=[list(r) for r in rows[:top]])
+    prof = profile_steps(runner, state, token, 3)
+    n, us, rows = kernel_table(prof, 3)
+    out.update(eager_kernels_per_step=n, eager_kernel_us_per_step=us, top=[list(r) for r in rows[:top]],
+               launches=[list(r) for r in launch_table(prof, 3)[:top]])
     runner.use_graph = out["graph"]
     if runner.use_graph:
         for _ in range(8):
@@ -107,6 +134,9 @@ def main() -> None:
         print(f"{'kernel':<72} {'calls/step':>10} {'us/step':>9} {'share':>6}")
         for name, calls, us in r["top"]:
             print(f"{name[:72]:<72} {calls:>10.1f} {us:>9.1f} {us / r['eager_kernel_us_per_step']:>6.1%}")
+        print(f"\nby launch shape: {'kernel':<44} {'grid x block':>26} {'calls/step':>10} {'us/step':>8} {'us/call':>7}")
+        for name, shape, calls, us in r["launches"]:
+            print(f"{name[:60]:<60} {shape:>26} {calls:>10.1f} {us:>8.1f} {us / calls:>7.2f}")
         b = r["step_bytes"]
         print(f"step bytes: {b['total'] / 1e9:.3f} GB (dense {b['dense'] / 1e9:.3f}, experts {b['experts'] / 1e9:.3f}, "
               f"KV {b['kv'] / 1e9:.3f}, state {b['state'] / 1e9:.3f}); device bandwidth {bw / 1e9:,.0f} GB/s; "
