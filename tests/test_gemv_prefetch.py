@@ -31,9 +31,11 @@ def test_line_offsets_cover_every_byte_of_the_rows(unit, row_bytes):
     n, block_n = 7, 4
     lines = (row_bytes + 127) // 128
     lp = triton.next_power_of_2(lines)
-    out = torch.full((2 * block_n * lp,), -1, dtype=torch.int64)
+    # On a GPU the kernel runs natively (CUDA memory); elsewhere in the interpreter (conftest)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = torch.full((2 * block_n * lp,), -1, dtype=torch.int64, device=device)
     _offsets_kernel[(2,)](out, n, row_bytes // unit, 128 // unit, lines, BLOCK_N=block_n, LP=lp)
-    starts = set((out * unit).tolist())
+    starts = set((out * unit).cpu().tolist())
     for r in range(n):  # every 128 B line of every valid row is asked for
         assert all(r * row_bytes + b // 128 * 128 in starts for b in range(row_bytes)), r
     assert max(starts) < n * row_bytes  # nothing past the last valid row (masked rows ask for line 0)

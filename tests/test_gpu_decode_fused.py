@@ -46,10 +46,11 @@ def test_fused_decode_graph_is_byte_equal_to_eager(small_ckpt, which):
 
 def test_programmatic_launch_is_on_and_gives_the_plain_launch_bytes():
     """decode_kernels=fused-pdl (sm_90+) launches the fused kernels with programmatic dependent launch; the logits
-    are byte-equal to the same kernels launched plainly (the default), through the graph, 190 steps."""
+    are byte-equal to the same kernels launched plainly (decode_kernels=fused), through the graph, 190 steps."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90+")
-    pdl, plain = build("synthetic:small-nvfp4", decode_kernels="fused-pdl"), build("synthetic:small-nvfp4")
+    pdl = build("synthetic:small-nvfp4", decode_kernels="fused-pdl")
+    plain = build("synthetic:small-nvfp4", decode_kernels="fused")  # not the default: auto is fused-pdl on sm_90
     assert pdl.model.kernels.pdl and pdl.engine_config.decode == "fused-pdl"
     assert not plain.model.kernels.pdl and plain.model.kernels.fused_decode and plain.engine_config.decode == "fused"
     ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(33))
