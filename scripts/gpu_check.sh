@@ -9,6 +9,7 @@
 # Order: profile_decode, tests, copy, overlap, extra, bench, profiles.
 # Kernel caches: a carried .cache-carry/kcache.tgz.* (from an earlier call's $OUT) is unpacked before anything
 # compiles, and the caches are packed again into $OUT/kcache.tgz.* (15 MiB pieces) at the end (KCACHE_SAVE=0: not).
+# Every other file of $OUT comes back in $OUT/results.tgz (the device returns 8 files at most).
 set -uo pipefail
 T_START=$(date +%s)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -86,3 +87,9 @@ printf '%-28s %s\n' "bench" "rc=$bench_rc, $((t2 - t1)) s"
 [ -f "$OUT/bench.log" ] && tail -n ${BENCH_TAIL:-5} "$OUT/bench.log"
 [ -f "$OUT/expert_copy.log" ] && cat "$OUT/expert_copy.log"
 printf '%-28s %s\n' "probe" "rc=$probe_rc"
+
+# The device returns at most 8 files from $OUT (the kernel-cache pieces are two of them): every log and JSON goes
+# back in one archive, the summary above having read them.
+(cd "$OUT" && find . -maxdepth 1 -type f ! -name 'kcache.tgz.*' ! -name results.tgz -printf '%P\n' \
+  | tar -czf results.tgz -T - && find . -maxdepth 1 -type f ! -name 'kcache.tgz.*' ! -name results.tgz -delete)
+echo "logs: \$OUT/results.tgz ($(tar -tzf "$OUT/results.tgz" | wc -l) files)"
