@@ -6,7 +6,9 @@ checkpoint's formats) it times
   old     what the decode step launches today: fp8_gemv / nvfp4_gemv (fp32) + .to(bf16) per FP8 / NVFP4 weight
           (engine/quant/linear.py QuantLinear), F.linear per bf16 weight
   new     gemv_multi over the group, choose_config's launch config
-  <cfg>   gemv_multi under a small grid around that config (block_n, num_warps x 1/2, 1, 2; warps_k 1 / 2)
+  <cfg>   gemv_multi under a small grid around that config (block_n, num_warps x 1/2, 1, 2; warps_k 1 / 2), or
+          with --grid persistent: persistent programs (one wave: SMs x programs an SM holds, x 1 / 2) over
+          smaller tiles (block_n x 1/4, 1/2, 1; num_warps x 1/2, 1), the rows 0 / 1 / 2 / 4 turns ahead asked of L2
 and prints microseconds per call, weight bytes, GB/s and % of 4.8 TB/s, the error of the new output against
 gemv_multi_reference (relative to its max), and whether the group's output equals the single-weight gemv calls
 byte for byte (same config). On CUDA each time is a CUDA graph of --calls calls (the decode step is replayed
@@ -15,6 +17,8 @@ runs), median of --repeat replays, divided by --calls. The per-step totals multi
 
     python scripts/bench_gemv_multi.py                    # H200: about a minute, most of it compiling
     python scripts/bench_gemv_multi.py --grid none        # old vs new only
+    python scripts/bench_gemv_multi.py --grid persistent  # the persistent kernel's configs (gemv_multi.PERSISTENT)
+    python scripts/bench_gemv_multi.py --fp8-cvt          # FP8 through the hardware conversion (gemv_multi.FP8_CVT)
     TRITON_INTERPRET=1 python scripts/bench_gemv_multi.py --device cpu    # smoke run, tiny shapes (~5 s)
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from qwenlocal.engine.kernels.fp8_triton import fp8_gemv
+from qwenlocal.engine.kernels import gemv_multi as gm
 from qwenlocal.engine.kernels.gemv_multi import choose_config, gemv, gemv_multi, gemv_multi_reference
 from qwenlocal.engine.kernels.nvfp4_triton import nvfp4_gemv
 
@@ -120,24 +125,43 @@ def config_grid(base) -> list:
     return out
 
 
+def persistent_grid(base, n_total: int, dev) -> list:
+    """Persistent configs around base: smaller tiles (more turns a program), one or two waves of programs, the
+    L2 prefetch 0 / 1 / 2 / 4 turns ahead. base itself first (one program a tile: the reference time)."""
+    out = [base]
+    for bn in (max(1, base.block_n // 4), max(1, base.block_n // 2), base.block_n):
+        for nw in (max(base.warps_k, base.num_warps // 2), base.num_warps):
+            tile = dataclasses.replace(base, block_n=bn, num_warps=nw)
+            one_wave = gm.persistent_config(tile, dev)
+            for waves in (1, 2):
+                for ahead in ((0, 1, 2, 4) if dev.type == "cuda" else (0,)):
+                    cfg = dataclasses.replace(one_wave, programs=waves * one_wave.programs, l2_ahead=ahead)
+                    if -(-n_total // bn) > cfg.programs and cfg not in out:  # fewer programs than tiles
+                        out.append(cfg)
+    return out
+
+
 def kwargs(cfg) -> dict:
-    return dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k)
+    return dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k,
+                programs=cfg.programs, l2_ahead=cfg.l2_ahead)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--grid", choices=("none", "small"), help="default: small on CUDA, none on the CPU")
+    ap.add_argument("--grid", choices=("none", "small", "persistent"), help="default: small on CUDA, none on the CPU")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--calls", type=int, default=32, help="calls per timed CUDA graph (CPU: one per copy)")
     ap.add_argument("--only", default="", help="substring of the group names to run")
+    ap.add_argument("--fp8-cvt", action="store_true", help="FP8 codes through the hardware conversion (gm.FP8_CVT)")
     args = ap.parse_args()
+    gm.FP8_CVT = args.fp8_cvt
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     groups = GROUPS if cuda else SMALL
     repeat = args.repeat if cuda else 1
     print(f"{'group':20} {'fmt':5} {'MB':>7} {'old us':>8} {'new us':>8} {'GB/s':>6} {'%peak':>5} {'best us':>8} "
-          f"{'%peak':>5} {'best config':42} {'err':>8} {'split==':>7}")
+          f"{'%peak':>5} {'best config':70} {'err':>8} {'split==':>7}")
     totals = {"old": 0.0, "new": 0.0, "best": 0.0}
     for name, fmt, shapes, layers in groups:
         if args.only and args.only not in name:
@@ -150,9 +174,13 @@ def main() -> None:
         x = torch.randn(1, k, device=dev).to(torch.bfloat16)
         order = [banks[i % copies] for i in range(max(args.calls, copies) if cuda else copies)]
         t_old = timed([lambda b=b: old_path(x, b) for b in order], repeat, cuda)
-        base = choose_config(fmt, sum(n for n, _ in shapes), k)
+        n_total = sum(n for n, _ in shapes)
+        base = choose_config(fmt, n_total, k)
+        grid = args.grid or ("small" if cuda else "none")
+        configs = {"small": lambda: config_grid(base), "none": lambda: [base],
+                   "persistent": lambda: persistent_grid(base, n_total, dev)}[grid]()
         results = []
-        for cfg in (config_grid(base) if (args.grid or ("small" if cuda else "none")) == "small" else [base]):
+        for cfg in configs:
             try:
                 t = timed([lambda b=b, c=cfg: gemv_multi(x, b, **kwargs(c)) for b in order], repeat, cuda)
             except Exception as e:  # a config that does not compile (registers, shared memory): skip it
@@ -166,10 +194,13 @@ def main() -> None:
         err = ((y - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
         split = torch.equal(gemv_multi(x, gen_parts, **kwargs(base)),
                             torch.cat([gemv(x, p, **kwargs(base)) for p in gen_parts], dim=-1))
+        # the best config (persistent or not) against one program a tile of its own tile shape: the same bytes
+        one_each = dataclasses.replace(best, programs=0, l2_ahead=0)
+        split = split and torch.equal(gemv_multi(x, gen_parts, **kwargs(best)), gemv_multi(x, gen_parts, **kwargs(one_each)))
         moved = size + x.numel() * 2 + sum(n for n, _ in shapes) * 2
         print(f"{name:20} {fmt:5} {size / 2**20:7.2f} {t_old * 1e6:8.1f} {t_new * 1e6:8.1f} {moved / t_new / 1e9:6.0f} "
               f"{100 * moved / t_new / PEAK:5.1f} {t_best * 1e6:8.1f} {100 * moved / t_best / PEAK:5.1f} "
-              f"{str(kwargs(best)):42} {err:8.1e} {str(split):>7}   (x{layers}, {len(shapes)} -> 1 launch)")
+              f"{str(kwargs(best)):70} {err:8.1e} {str(split):>7}   (x{layers}, {len(shapes)} -> 1 launch)")
         for key, t in (("old", t_old), ("new", t_new), ("best", t_best)):
             totals[key] += t * layers
     print("per decode step, these linears: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in totals.items()))

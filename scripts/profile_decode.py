@@ -7,15 +7,23 @@ visible without reading code. Prints, per arm (--decode-kernels, default both):
     (the profiler sees a graph's kernels one by one);
   - the step's HBM roofline: the bytes it must read (engine/roofline.py model_step_bytes, the weights in their
     stored formats) over the measured device bandwidth, and the fraction of it the graph step reaches.
+With --pairs N (N >= 1, several arms), the arms' graph steps are also timed in turn, N rounds of interleaved
+A/B/... timings after every arm is built and captured (DESIGN.md's pairing), and the medians and per-round ratios
+against the first arm are printed. An arm is a decode_kernels value with optional "/"-joined gemv_multi switches,
+each changing no byte: "prefetch" (the weights asked of L2 before the PDL wait), "persistent" (one wave of
+persistent programs taking tiles in turn, rows asked of L2 turns ahead), "fp8cvt" (FP8 codes through the
+hardware conversion; exact, the sums in another order), e.g. fused-pdl/persistent+prefetch.
 With --json PATH, the same figures as JSON.
 
     python scripts/profile_decode.py --model synthetic:qwen3.6-35b-a3b-nvfp4 --context 16384 [--vram-budget 16GiB]
+    python scripts/profile_decode.py --decode-kernels fused-pdl,fused-pdl/persistent --pairs 5
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import tempfile
 from collections import defaultdict
 
@@ -72,7 +80,7 @@ def profile_steps(runner, state, token, steps: int):
 
 
 def arm(model: str, context: int, decode_kernels: str, budget: str | None, routing: str | None, top: int) -> dict:
-    opts = {"max_context": context + 512, "decode_kernels": decode_kernels}
+    opts = {"max_context": context + 1536, "decode_kernels": decode_kernels}
     if routing:
         opts["routing"] = routing
     eng = Engine.from_pretrained(model, device="cuda", dtype=torch.bfloat16, vram_budget=budget, options=opts)
@@ -99,10 +107,38 @@ def arm(model: str, context: int, decode_kernels: str, budget: str | None, routi
     out["step_bytes"] = model_step_bytes(eng.model, context)
     out["plan"] = {k: v["value"] for k, v in eng.plan.items()}
     _KEEP.append(eng)  # the next arm shares this synthetic model's weights instead of making them again
+    if runner.use_graph:  # the captured step, for the interleaved rounds (its switches are baked in)
+        _STEPS.append(lambda: runner.decode(state, token))
     return out
 
 
 _KEEP: list = []
+_STEPS: list = []
+SWITCHES = {"prefetch": "WEIGHT_PREFETCH", "persistent": "PERSISTENT", "fp8cvt": "FP8_CVT"}
+
+
+def set_switches(arm_name: str) -> str:
+    """Set gemv_multi's switches named after the arm's "/" (none: all off); the decode_kernels value."""
+    base, _, extra = arm_name.partition("/")
+    names = [n for n in extra.split("+") if n]
+    unknown = [n for n in names if n not in SWITCHES]
+    if unknown:
+        raise SystemExit(f"unknown arm switch {unknown[0]!r} in {arm_name!r} (known: {', '.join(SWITCHES)})")
+    for name, attr in SWITCHES.items():
+        setattr(gemv_multi, attr, name in names)
+    return base
+
+
+def interleaved(names: list[str], rounds: int, steps: int = 50) -> dict:
+    """Median graph ms per step of each arm, `rounds` rounds of one timing per arm in turn; per-round ratios of
+    each arm to the first."""
+    per_arm = {n: [] for n in names}
+    for _ in range(rounds):
+        for name, step in zip(names, _STEPS):
+            per_arm[name].append(1e3 * timed(step, steps))
+    first = per_arm[names[0]]
+    return {n: {"ms": statistics.median(v), "rounds_ms": v,
+                "ratio_to_first": [a / b for a, b in zip(v, first)]} for n, v in per_arm.items()}
 
 
 def main() -> None:
@@ -114,13 +150,16 @@ def main() -> None:
     p.add_argument("--decode-kernels", default="reference,fused")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--json", default=None)
+    p.add_argument("--pairs", type=int, default=0, help="interleaved rounds of graph timings across the arms")
     a = p.parse_args()
+    if a.pairs > 20:
+        raise SystemExit("--pairs: at most 20 rounds (each arm's context grows by 51 tokens a round)")
+    for dk in a.decode_kernels.split(","):  # a misspelt arm stops here, not after the first arm's minutes
+        set_switches(dk)
     bw = device_gbps("cuda") * 1e9
     results = []
     for dk in a.decode_kernels.split(","):
-        # "fused-pdl/prefetch": the same kernels with gemv_multi's L2 weight prefetch before the wait (its A/B)
-        gemv_multi.WEIGHT_PREFETCH = dk.endswith("/prefetch")
-        r = arm(a.model, a.context, dk.removesuffix("/prefetch"), a.vram_budget, a.routing, a.top)
+        r = arm(a.model, a.context, set_switches(dk), a.vram_budget, a.routing, a.top)
         r["decode_kernels"] = dk
         r["device_bandwidth_gbps"] = bw / 1e9
         roof_ms = 1e3 * r["step_bytes"]["total"] / bw
@@ -152,9 +191,17 @@ def main() -> None:
         print(f"{r['decode_kernels']:<22} {r['eager_kernels_per_step']:>13,} {r.get('graph_kernels_per_step', 0):>13,} "
               f"{g or float('nan'):>9.3f} {1e3 / g if g else float('nan'):>7.1f} {r['hbm_roofline_ms']:>11.3f} "
               f"{r.get('hbm_fraction', float('nan')):>8.1%}")
+    paired = None
+    if a.pairs and len(_STEPS) == len(results) > 1:
+        names = [r["decode_kernels"] for r in results]
+        paired = interleaved(names, a.pairs)
+        print(f"\n== interleaved graph steps: {a.pairs} rounds, 50 steps a timing (median ms; ratio to {names[0]}) ==")
+        for name, v in paired.items():
+            ratios = ", ".join(f"{x:.3f}" for x in v["ratio_to_first"])
+            print(f"{name:<34} {v['ms']:8.3f} ms {1e3 / v['ms']:7.1f} tok/s   ratios {ratios}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"arms": results, "interleaved": paired} if paired else results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,14 @@ import torch
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from qwenlocal.engine.kernels import gemv_multi as gm  # noqa: E402
+from qwenlocal.engine.kernels import gemv_codes  # noqa: E402
 
 
 @triton.jit
 def _offsets_kernel(out_ptr, n, ROW_UNITS: tl.constexpr, LINE_UNITS: tl.constexpr, LINES: tl.constexpr,
                     BLOCK_N: tl.constexpr, LP: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs = gm._line_offsets(rows.to(tl.int64), rows < n, ROW_UNITS, LINE_UNITS, LINES)
+    offs = gemv_codes.line_offsets(rows.to(tl.int64), rows < n, ROW_UNITS, LINE_UNITS, LINES)
     tile = tl.program_id(0) * BLOCK_N * LP + tl.arange(0, BLOCK_N)[:, None] * LP + tl.arange(0, LP)[None, :]
     tl.store(out_ptr + tile, offs)
 
@@ -51,7 +51,7 @@ fmt, k, n_total, tool = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.arg
 cfg = gm.choose_config(fmt, n_total, k)
 types = {"w": {"dense": "*bf16", "fp8": "*i32", "nvfp4": "*i64"}[fmt],
          "s": {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*u8"}[fmt],
-         "g": {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*fp32"}[fmt], "n": "i32", "p": "i32"}
+         "g": {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*fp32"}[fmt], "n": "i32", "p": "i32", "tiles": "i32"}
 fn = gm.gemv_multi_kernel
 sig = {}
 for name in fn.arg_names:

@@ -2,6 +2,8 @@
 quant.formats, F.linear in fp32, cat): awkward K and part sizes for dense / FP8 / NVFP4, bf16 and fp32 x, NaN-
 poisoned outputs; every E4M3 / E2M1 code and E4M3 block scale (subnormals included) byte-exactly; splitting a
 call into single-weight calls changes no byte; the launch config is a pure function of the shape."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,12 +63,14 @@ def test_gemv_multi_matches_reference(fmt, k, ns, x_dtype, nan_empty):
     assert ((y.float().cpu() - ref.cpu()).abs() <= ulp * ref.cpu().abs() + 1e-5 * abs_bound(x, parts)).all()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS + ("fp8-cvt",))
 @pytest.mark.parametrize("config", [dict(block_k=64), dict(block_k=16, block_n=4), dict(warps_k=2, num_warps=2),
                                     dict(block_n=32, num_warps=4)])
 def test_gemv_multi_any_config_matches_reference(fmt, config, nan_empty):
     """K split over blocks (160 = 2.5 blocks of 64: the masked tail), tiny blocks, 2 warps across a row."""
     gen = torch.Generator().manual_seed(7)
+    if fmt == "fp8-cvt":  # the FP8 codes through the hardware conversion (float8 elements)
+        fmt, config = "fp8", dict(config, fp8_cvt=True)
     parts = [make_part(fmt, n, 160, gen) for n in (37, 5)]
     x = torch.randn(160, generator=gen).to(torch.bfloat16).to(DEVICE)
     y = gemv_multi(x, parts, out_dtype=torch.float32, **config)
@@ -82,8 +86,9 @@ def one_code_per_row(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return cols, x
 
 
+@pytest.mark.parametrize("fp8_cvt", [False, True])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_fp8_every_code_is_exact(out_dtype, nan_empty):
+def test_fp8_every_code_is_exact(out_dtype, fp8_cvt, nan_empty):
     """Each row holds one E4M3 code (all 254 non-NaN codes: both signs, subnormals) in a zero row: the output is
     the dequantized weight times an x power of two, byte-equal to the reference."""
     codes = torch.arange(256, dtype=torch.uint8)
@@ -94,7 +99,7 @@ def test_fp8_every_code_is_exact(out_dtype, nan_empty):
     w[torch.arange(n), cols] = codes
     part = {"weight": w.view(torch.float8_e4m3fn).to(DEVICE), "weight_scale": torch.tensor(0.0123).to(DEVICE)}
     xd = x.to(DEVICE)
-    y = gemv_multi(xd, [part, part], out_dtype=out_dtype, block_n=32, num_warps=4)
+    y = gemv_multi(xd, [part, part], out_dtype=out_dtype, block_n=32, num_warps=4, fp8_cvt=fp8_cvt)
     assert torch.equal(y.cpu(), gemv_multi_reference(xd, [part, part], out_dtype).cpu())
 
 
@@ -134,6 +139,36 @@ def test_splitting_a_call_changes_no_byte(fmt, nan_empty):
                                             gemv(x, b, out_dtype=out_dtype, **cfg)], dim=-1))
         four = gemv_multi(x, [a, b, b, a], out_dtype=out_dtype, **cfg)
         assert torch.equal(four, torch.cat([both, both[:, 37:], both[:, :37]], dim=-1))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("programs", [1, 3, 7])
+def test_persistent_programs_give_the_bytes_of_one_program_a_tile(fmt, programs, nan_empty):
+    """Fewer programs than tiles, each taking tiles pid, pid + grid, ... (7: a grid that does not divide the 9
+    tiles; 1: one program takes them all, across the parts' boundaries): every byte as one program a tile, for
+    both output dtypes. The outputs start as NaN (nan_empty): a tile no turn visits fails."""
+    gen = torch.Generator().manual_seed(13)
+    parts = [make_part(fmt, n, 160, gen) for n in (37, 5, 21)]  # 5 + 1 + 3 tiles of 8 rows
+    x = torch.randn(160, generator=gen).to(torch.bfloat16).to(DEVICE)
+    cfg = dict(block_n=8, num_warps=2, block_k=64)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        one_each = gemv_multi(x, parts, out_dtype=out_dtype, **cfg)
+        turns = gemv_multi(x, parts, out_dtype=out_dtype, programs=programs, **cfg)
+        assert torch.isfinite(turns).all() and torch.equal(turns, one_each)
+    if DEVICE == "cuda":  # the L2 prefetch turns ahead: a hint, the same bytes
+        assert torch.equal(gemv_multi(x, parts, programs=programs, l2_ahead=2, **cfg),
+                           gemv_multi(x, parts, **cfg))
+
+
+def test_persistent_config_is_one_wave_and_the_prefetch_is_cuda_only():
+    cfg = choose_config("fp8", 12288, 2048)
+    cpu = gm.persistent_config(cfg, torch.device("cpu"))
+    assert cpu.programs == 3 * gm.resident_programs(cfg) and cpu.l2_ahead == 0
+    assert gm.resident_programs(dataclasses.replace(cfg, num_warps=8)) == 2  # 8 warps at 128 registers
+    assert gm.resident_programs(dataclasses.replace(cfg, num_warps=2)) == 8
+    if DEVICE == "cpu":  # the interpreter has no PTX: asking it for the prefetch is refused
+        with pytest.raises(ValueError, match="CUDA device"):
+            gemv_multi(torch.randn(32), [make_part("dense", 4, 32, torch.Generator())], programs=2, l2_ahead=1)
 
 
 def test_out_and_quantlinear_parts():

@@ -40,11 +40,12 @@ def pdl_launch(device: torch.device) -> dict:
 
 
 @triton.jit
-def prefetch_l2(ptrs, USE_GDC: tl.constexpr):
-    """With programmatic launch, ask L2 for the lines at `ptrs` (a tensor of pointers, one per 128 B line) before
-    gdc_prologue: for bytes no kernel of the step writes (weights), which then stream in while the previous
-    kernel still runs. A hint (no data moves into registers, nothing is ordered); plain launches skip it."""
-    if USE_GDC:
+def prefetch_l2(ptrs, ON: tl.constexpr):
+    """Where ON, ask L2 for the lines at `ptrs` (a tensor of pointers, one per 128 B line), for bytes no kernel of
+    the step writes (weights): before gdc_prologue with programmatic launch, they stream in while the previous
+    kernel still runs; in a persistent loop, a later turn's rows stream while this one computes. A hint (no data
+    moves into registers, nothing is ordered). Callers pass ON false in Triton's interpreter (no PTX there)."""
+    if ON:
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                                   is_pure=False, pack=1)
 
