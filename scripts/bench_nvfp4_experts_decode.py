@@ -7,8 +7,9 @@ expert (random codes and block scales, engine/kernels/nvfp4_grouped.random_nvfp4
   old              what the model runs today: nvfp4_moe_decode (two kernels + torch sum), the shared expert as
                    QuantLinear does it (three nvfp4_gemv, SiLU * up, casts), sigmoid(shared gate), mul, add
   new              sigmoid(shared gate) + nvfp4_moe_decode_fused (two launches) at the best configs found
-  gate_up <cfg>    expert_gate_up alone (routed + shared gate/up) over a grid of launch configs (block_n x
-                   num_warps x x_split, then scales and K steps), defaults first; the other decodes last
+  gate_up <cfg>    expert_gate_up alone (routed + shared gate/up) over a grid of launch configs (persistent
+                   programs: block_n x num_warps x one / two waves; then block_n x num_warps x x_split, scales and
+                   K steps), defaults first; the other decodes last
   down <cfg>       expert_down alone (routed + shared down, extra_scale) likewise (block_m x num_warps x x_split, ...)
 Each row: microseconds per call (CUDA: a CUDA graph of --inner calls, each on its own instance: other expert
 ids and another shared expert, so that the 50 MB L2 does not hold the weights between calls; median over
@@ -103,6 +104,7 @@ def main() -> int:
         return 2
     from qwenlocal.engine.kernels.nvfp4_experts_decode import (
         expert_down, expert_down_reference, expert_gate_up, expert_gate_up_reference, nvfp4_moe_decode_fused,
+        persistent_programs,
     )
     from qwenlocal.engine.kernels.decode_norm import add_rms_norm
     from qwenlocal.engine.kernels.nvfp4_experts_parts import expert_down_parts, expert_down_parts_reference
@@ -189,13 +191,18 @@ def main() -> int:
 
     ref_parts = expert_down_parts_reference(p0["act"], p0["w"], p0["ids"], rows, h, i, p0["shared"][2], p0["scale"])
     if cuda:
-        pa_grid = [dict(block_m=bm, num_warps=nw, x_split=xs)
-                   for bm, nw, xs in itertools.product((16, 8, 32, 64), (2, 1, 4), (True, False))]
+        pa_grid = [dict(block_m=bm, num_warps=nw, programs=waves * persistent_programs(dev, nw))
+                   for bm, nw, waves in itertools.product((16, 32, 64), (2, 4), (1, 2))]  # persistent first
+        pa_grid += [dict(block_m=bm, num_warps=nw, x_split=xs)
+                    for bm, nw, xs in itertools.product((16, 8, 32, 64), (2, 1, 4), (True, False))]
     else:
-        pa_grid = [dict(block_m=16), dict(block_m=32, x_split=False)]
+        pa_grid = [dict(block_m=16), dict(block_m=32, x_split=False), dict(block_m=16, programs=4)]
     if cuda:
-        gu_grid = [dict(block_n=bn, num_warps=nw, x_split=xs)
-                   for bn, nw, xs in itertools.product((8, 4, 16, 2), (4, 8, 2), (True, False))]
+        # persistent programs first (one or two waves; x loaded once a program): the grid's budget may end early
+        gu_grid = [dict(block_n=bn, num_warps=nw, programs=waves * persistent_programs(dev, nw))
+                   for bn, nw, waves in itertools.product((2, 4, 8), (4, 2), (1, 2))]
+        gu_grid += [dict(block_n=bn, num_warps=nw, x_split=xs)
+                    for bn, nw, xs in itertools.product((8, 4, 16, 2), (4, 8, 2), (True, False))]
         gu_grid += [dict(group_scales=True, x_split=xs) for xs in (True, False)]
         gu_grid += [dict(block_g=bg) for bg in (64, 32)]
         dn_grid = [dict(block_m=bm, num_warps=nw, x_split=xs)
@@ -204,7 +211,8 @@ def main() -> int:
                     for nw, xs in itertools.product((2, 4), (False, True))]
         dn_grid += [dict(block_g=16)]
     else:
-        gu_grid = [dict(block_n=8), dict(block_n=16, block_g=2, x_split=False, group_scales=True)]
+        gu_grid = [dict(block_n=8), dict(block_n=16, block_g=2, x_split=False, group_scales=True),
+                   dict(block_n=8, programs=3)]
         dn_grid = [dict(block_m=8), dict(block_m=32, x_split=True, group_scales=False)]
     for grid in (gu_grid, dn_grid):  # the other decodes at the defaults ("asm" is the CUDA default)
         grid += [dict(decode="fp16"), dict(decode="exact")] if cuda else [dict(decode="exact")]

@@ -12,7 +12,8 @@ A/B/... timings after every arm is built and captured (DESIGN.md's pairing), and
 against the first arm are printed. An arm is a decode_kernels value with optional "/"-joined gemv_multi switches,
 each changing no byte: "prefetch" (the weights asked of L2 before the PDL wait), "persistent" (one wave of
 persistent programs taking tiles in turn, rows asked of L2 turns ahead), "fp8cvt" (FP8 codes through the
-hardware conversion; exact, the sums in another order), e.g. fused-pdl/persistent+prefetch.
+hardware conversion; exact, the sums in another order), "experts" (the NVFP4 expert kernels' persistent
+programs, x loaded once a program), e.g. fused-pdl/persistent+prefetch.
 With --json PATH, the same figures as JSON.
 
     python scripts/profile_decode.py --model synthetic:qwen3.6-35b-a3b-nvfp4 --context 16384 [--vram-budget 16GiB]
@@ -32,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench_resident import timed  # scripts/ is on the path when this runs as a script
 from qwenlocal.engine import Engine
-from qwenlocal.engine.kernels import gemv_multi
+from qwenlocal.engine.kernels import gemv_multi, nvfp4_experts_decode
 from qwenlocal.engine.bench.measure import device_gbps
 from qwenlocal.engine.roofline import model_step_bytes
 
@@ -114,18 +115,19 @@ def arm(model: str, context: int, decode_kernels: str, budget: str | None, routi
 
 _KEEP: list = []
 _STEPS: list = []
-SWITCHES = {"prefetch": "WEIGHT_PREFETCH", "persistent": "PERSISTENT", "fp8cvt": "FP8_CVT"}
+SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_multi, "PERSISTENT"),
+            "fp8cvt": (gemv_multi, "FP8_CVT"), "experts": (nvfp4_experts_decode, "PERSISTENT")}
 
 
 def set_switches(arm_name: str) -> str:
-    """Set gemv_multi's switches named after the arm's "/" (none: all off); the decode_kernels value."""
+    """Set the kernel switches named after the arm's "/" (none: all off); the decode_kernels value."""
     base, _, extra = arm_name.partition("/")
     names = [n for n in extra.split("+") if n]
     unknown = [n for n in names if n not in SWITCHES]
     if unknown:
         raise SystemExit(f"unknown arm switch {unknown[0]!r} in {arm_name!r} (known: {', '.join(SWITCHES)})")
-    for name, attr in SWITCHES.items():
-        setattr(gemv_multi, attr, name in names)
+    for name, (module, attr) in SWITCHES.items():
+        setattr(module, attr, name in names)
     return base
 
 

@@ -56,3 +56,36 @@ def test_programmatic_launch_is_on_and_gives_the_plain_launch_bytes():
     ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(33))
     a, b = pdl.score(ids, prefill=64), plain.score(ids, prefill=64)
     assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("switches", [("gemv_multi", "PERSISTENT"), ("gemv_multi", "WEIGHT_PREFETCH"),
+                                      ("nvfp4_experts_decode", "PERSISTENT")])
+def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monkeypatch):
+    """The A/B switches that change only how the work is spread or prefetched (persistent GEMV programs with the
+    rows asked of L2 turns ahead, the weight prefetch before the PDL wait, persistent expert programs) give the
+    default step's logits byte for byte, through the graph, 190 steps, with programmatic launch."""
+    import importlib
+
+    module, attr = switches
+    ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(34))
+    default = build("synthetic:small-nvfp4", decode_kernels="fused-pdl").score(ids, prefill=64)
+    monkeypatch.setattr(importlib.import_module(f"qwenlocal.engine.kernels.{module}"), attr, True)
+    switched = build("synthetic:small-nvfp4", decode_kernels="fused-pdl").score(ids, prefill=64)
+    assert torch.isfinite(switched).all() and torch.equal(switched, default)
+
+
+def test_fp8_through_the_hardware_conversion_is_at_the_bf16_level_of_the_unfused_step(monkeypatch):
+    """FP8 codes converted by the GPU (gemv_multi.FP8_CVT): exact codes, the sums in another order, so the fused
+    step stays at the bf16 level of the unfused one (as test_fused_decode_is_at_the_bf16_level_... does)."""
+    from qwenlocal.engine.kernels import gemv_multi
+
+    ref = "synthetic:small-nvfp4"
+    ids = torch.randint(0, 600, (64 + 40,), generator=torch.Generator().manual_seed(35))
+    unfused = build(ref, decode_kernels="reference").score(ids, prefill=64)
+    cpu = Engine.from_pretrained(ref, device="cpu", options={"prefill_chunk": CHUNK}).score(ids, prefill=64)
+    monkeypatch.setattr(gemv_multi, "FP8_CVT", True)
+    fused = build(ref).score(ids, prefill=64)
+    assert torch.isfinite(fused).all()
+    ra, rb = _rel(fused[64:], cpu[64:]), _rel(unfused[64:], cpu[64:])
+    assert ra <= max(2e-2, 1.5 * rb), (ra, rb)
+    assert (fused[64:].argmax(-1) == unfused[64:].argmax(-1)).float().mean() >= 0.9

@@ -72,6 +72,27 @@ def test_gate_up_matches_reference(hidden, inter, experts, ids, with_extra, dtyp
         _close(out, ref)
 
 
+@pytest.mark.parametrize("programs", [1, 4])
+@pytest.mark.parametrize("with_extra, k_routed", [(True, 3), (False, 3), (True, 0)])
+def test_gate_up_persistent_programs_give_the_bytes_of_one_program_a_tile(programs, with_extra, k_routed,
+                                                                         nan_empty):
+    """Fewer programs than (expert, row block) tiles, each taking tiles in turn with x loaded once (4: a grid
+    that does not divide the tiles; 1: one program takes every expert's blocks), the shared expert included and
+    alone (no routed ids, the overlap split's launch): every byte as one program a tile. NaN-poisoned output:
+    a tile no turn visits fails."""
+    hidden, inter = 96, 48
+    x, _, ids_t, rows, shared, _, _ = _problem(hidden, inter, 7, [2, 5, 2][:k_routed], 17, torch.bfloat16)
+    ids_t = ids_t.reshape(1, k_routed)
+    extra = _to_dev(shared[0] + shared[1]) if with_extra else None
+    args = (*_dev(x, ids_t, rows), hidden, inter, extra)
+    for cfg in (dict(block_n=16), dict(block_n=16, x_split=False, group_scales=True)):  # 3 blocks an expert
+        one_each = expert_gate_up(*args, **cfg)
+        turns = expert_gate_up(*args, programs=programs, **cfg)
+        assert torch.isfinite(turns).all() and torch.equal(turns, one_each)
+    with pytest.raises(ValueError, match="one K step"):
+        expert_gate_up(*args, block_n=16, block_g=2, programs=2)
+
+
 @pytest.mark.parametrize("hidden, inter, experts, ids", SIZES)
 @pytest.mark.parametrize("with_extra, with_scale, with_addend", [(False, False, False), (True, True, False),
                                                                  (True, False, True), (False, False, True)])

@@ -38,6 +38,29 @@ def test_parts_match_reference(hidden, inter, experts, ids, with_extra, with_sca
         _close(parts.sum(0), total)
 
 
+@pytest.mark.parametrize("programs", [4, 9])
+@pytest.mark.parametrize("with_extra, with_addend, write_shared", [(True, False, True), (False, True, True),
+                                                                  (False, False, False)])
+def test_persistent_parts_give_the_bytes_of_one_program_a_tile(programs, with_extra, with_addend, write_shared,
+                                                               nan_empty):
+    """Persistent programs (one or two an expert for its 6 or 12 output tiles, act[j] loaded once) write the
+    bytes one program a tile writes: the shared row as its down projection, as the addend, or left to the
+    caller. NaN-poisoned parts: a tile no turn visits fails."""
+    hidden, inter, experts, ids = 96, 48, 7, [2, 5, 2]
+    _, weights, ids_t, rows, shared, scale, addend = _problem(hidden, inter, experts, ids, 21)
+    act = torch.randn(len(ids) + 1, inter, generator=torch.Generator().manual_seed(5))
+    kw = dict(extra=_dev(shared[2])[0] if with_extra else None, extra_scale=_dev(scale)[0] if with_extra else None,
+              addend=_dev(addend)[0] if with_addend else None, write_shared=write_shared)
+    args = (*_dev(act, weights, ids_t, rows), hidden, inter)
+    for cfg in (dict(block_m=16), dict(block_m=8, x_split=False, group_scales=False)):
+        one_each = expert_down_parts(*args, **kw, **cfg)
+        turns = expert_down_parts(*args, **kw, programs=programs, **cfg)
+        rows_written = slice(None) if write_shared else slice(0, len(ids))
+        assert torch.isfinite(turns[rows_written]).all() and torch.equal(turns[rows_written], one_each[rows_written])
+    with pytest.raises(ValueError, match="one K step"):
+        expert_down_parts(*args, **kw, block_m=16, block_g=1, programs=4)
+
+
 def test_bank_and_slot_rows_give_identical_parts(nan_empty):
     """The same experts read from the bank and from a slot cache (other row stride, permuted slots)."""
     hidden, inter, experts, ids = SIZES[0]

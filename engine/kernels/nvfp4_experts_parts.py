@@ -22,7 +22,34 @@ import triton.language as tl
 from .launch import gdc_prologue, pdl_launch
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
-from .nvfp4_experts_decode import _block_g, _check, _decode, _extra_down, _matrix, _routed_down, _row_offsets
+from . import nvfp4_experts_decode as _experts
+from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
+from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets
+
+
+@triton.jit
+def _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words, dn_at, dn_scale_at,
+               glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, xs, w, mask_w,
+               K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
+               HAS_ADDEND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
+               DECODE: tl.constexpr, X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr):
+    """parts[j, m] for expert j (0..k-1 routed, k the shared one) and outputs m."""
+    mask_m = m < H
+    if j < K_ROUTED:
+        y, y_scale = routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words, dn_at,
+                                  dn_scale_at, glob_at, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, xs, w,
+                                  mask_w, ONE_STEP)
+        out = tl.sum(y, axis=1) * y_scale
+    else:
+        out = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if HAS_EXTRA:
+            y, y_scale = extra_down(act_ptr, xd_w, xd_s, xd_g, extra_scale_ptr, m, mask_m, I, K_ROUTED,
+                                     HAS_EXTRA_SCALE, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, xs, w, mask_w,
+                                     ONE_STEP)
+            out = tl.sum(y, axis=1) * y_scale
+        if HAS_ADDEND:
+            out = tl.load(addend_ptr + m, mask=mask_m, other=0.0).to(tl.float32)
+    tl.store(parts_ptr + j * H + m, out, mask=mask_m)
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
@@ -31,24 +58,29 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                              K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
                              HAS_ADDEND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
                              MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
-                             GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False):
+                             GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False,
+                             PERSISTENT: tl.constexpr = False):
+    """Grid (output tiles, k + 1 experts). PERSISTENT (the whole row in one K step): grid (programs an expert,
+    k + 1); program (q, j) takes the output tiles q, q + grid, ... of expert j with act[j]'s activations
+    loaded once: the same bytes as one program a tile."""
     gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
-    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     j = tl.program_id(1)  # 0..k-1 routed experts, k the shared one
-    mask_m = m < H
-    if j < K_ROUTED:
-        y, y_scale = _routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words, dn_at,
-                                  dn_scale_at, glob_at, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES)
-        out = tl.sum(y, axis=1) * y_scale
+    if PERSISTENT:
+        w = tl.arange(0, 2 * BLOCK_G)
+        mask_w = w < I // 8
+        xs = x_tiles(act_ptr + j * I, w, mask_w, 2 * BLOCK_G, MASKED, X_SPLIT)
+        for tile in range(tl.program_id(0), tl.cdiv(H, BLOCK_M), tl.num_programs(0)):
+            m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+            _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words, dn_at,
+                       dn_scale_at, glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, xs, w, mask_w,
+                       K_ROUTED, HAS_EXTRA, HAS_EXTRA_SCALE, HAS_ADDEND, BLOCK_M, BLOCK_G, MASKED, DECODE,
+                       X_SPLIT, GROUP_SCALES, True)
     else:
-        out = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if HAS_EXTRA:
-            y, y_scale = _extra_down(act_ptr, xd_w, xd_s, xd_g, extra_scale_ptr, m, mask_m, I, K_ROUTED,
-                                     HAS_EXTRA_SCALE, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES)
-            out = tl.sum(y, axis=1) * y_scale
-        if HAS_ADDEND:
-            out = tl.load(addend_ptr + m, mask=mask_m, other=0.0).to(tl.float32)
-    tl.store(parts_ptr + j * H + m, out, mask=mask_m)
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words, dn_at, dn_scale_at,
+                   glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, None, None, None, K_ROUTED,
+                   HAS_EXTRA, HAS_EXTRA_SCALE, HAS_ADDEND, BLOCK_M, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES,
+                   False)
 
 
 def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int,
@@ -56,14 +88,17 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
                       addend: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                       write_shared: bool = True, block_m: int = 16,
                       block_g: int | None = None, num_warps: int = 2, decode: str | None = None,
-                      x_split: bool = True, group_scales: bool = True) -> torch.Tensor:
+                      x_split: bool = True, group_scales: bool = True, programs: int | None = None) -> torch.Tensor:
     """fp32 parts [k + 1, 1, H]: parts[j] = weights[0, j] * (down_j @ act[j]) for the row rows[ids[0, j]],
     parts[k] = extra_scale * (down_extra @ act[k]) with extra = (down_packed, down_scale, down_scale2), or
     addend [1, H] (any float dtype), or zeros. act fp32 [k (+1), I] (expert_gate_up's). One launch, grid
     (H / block_m, k + 1). Summed in order by add_rms_norm (a 3-D delta).
     write_shared=False: row k is left to the caller (grid (H / block_m, k)). The shared expert computed apart
     (beside the miss copy) in the same bytes as in the joint launch: expert_gate_up with ids [1, 0] and extra,
-    then this with ids [1, 0], extra and out = parts[k:], i.e. the same programs' arithmetic."""
+    then this with ids [1, 0], extra and out = parts[k:], i.e. the same programs' arithmetic.
+    programs: at most this many persistent programs in all, spread over the experts, each taking one expert's
+    output tiles in turn with its activations loaded once (the whole row in one K step only; None: the switch
+    nvfp4_experts_decode.PERSISTENT, one wave of them, else one program a tile). The same bytes either way."""
     if extra is not None and addend is not None:
         raise ValueError("give the shared expert as extra (its down projection) or as addend, not both")
     words = _check(rows, hidden, inter)
@@ -78,14 +113,22 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     off = _row_offsets(hidden, inter)
     if not write_shared and (extra is not None or addend is not None):
         raise ValueError("write_shared=False leaves the shared row to the caller: give neither extra nor addend")
-    expert_down_parts_kernel[(triton.cdiv(hidden, block_m), k + 1 if write_shared else k)](
+    experts, tiles = k + 1 if write_shared else k, triton.cdiv(hidden, block_m)
+    one_step = bg * 16 >= inter
+    if programs is None and _experts.PERSISTENT and one_step:
+        programs = _experts.persistent_programs(act.device, num_warps)
+    if programs is not None and not one_step:
+        raise ValueError("persistent expert programs need the whole row in one K step (block_g None)")
+    per_expert = max(1, (programs or 0) // max(1, experts))
+    persistent = programs is not None and per_expert < tiles
+    expert_down_parts_kernel[(per_expert if persistent else tiles, experts)](
         act.contiguous(), weights.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out,
         hidden, inter, words.stride(0), off["dn_at"], off["dn_scale_at"], off["glob_at"], *down, scale,
         addend.reshape(-1).contiguous() if addend is not None else act,
         K_ROUTED=k, HAS_EXTRA=extra is not None, HAS_EXTRA_SCALE=extra_scale is not None,
         HAS_ADDEND=addend is not None, BLOCK_M=block_m, BLOCK_G=bg,
         MASKED=hidden % block_m != 0 or (inter // 16) % bg != 0, DECODE=_decode(decode, rows), X_SPLIT=x_split,
-        GROUP_SCALES=group_scales, num_warps=num_warps, **pdl_launch(act.device))
+        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **pdl_launch(act.device))
     return out
 
 
