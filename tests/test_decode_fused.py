@@ -71,4 +71,3 @@ def test_fused_decode_with_the_shared_expert_apart_is_byte_equal_to_serial(quant
     serial = _engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24)
     apart = _engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24)
     assert torch.equal(serial, apart)
-
