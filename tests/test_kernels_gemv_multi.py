@@ -161,14 +161,20 @@ def test_persistent_programs_give_the_bytes_of_one_program_a_tile(fmt, programs,
 
 
 def test_persistent_config_is_one_wave_and_the_prefetch_is_cuda_only():
+    from qwenlocal.engine.kernels.launch import resident_programs
+
     cfg = choose_config("fp8", 12288, 2048)
-    cpu = gm.persistent_config(cfg, torch.device("cpu"))
-    assert cpu.programs == 3 * gm.resident_programs(cfg) and cpu.l2_ahead == 0
-    assert gm.resident_programs(dataclasses.replace(cfg, num_warps=8)) == 2  # 8 warps at 128 registers
-    assert gm.resident_programs(dataclasses.replace(cfg, num_warps=2)) == 8
-    if DEVICE == "cpu":  # the interpreter has no PTX: asking it for the prefetch is refused
+    dev = torch.device(DEVICE)
+    wave = gm.persistent_config(cfg, dev)
+    assert wave.programs == resident_programs(dev, 32 * cfg.num_warps, gm.REGS_PER_THREAD)
+    if DEVICE == "cpu":  # the interpreter: 3 programs; no PTX, so the prefetch is refused
+        assert wave.programs == 3 and wave.l2_ahead == 0
         with pytest.raises(ValueError, match="CUDA device"):
             gemv_multi(torch.randn(32), [make_part("dense", 4, 32, torch.Generator())], programs=2, l2_ahead=1)
+    else:  # the device's own limits: 8 warps at 128 registers are 2 programs an SM of 64K registers
+        props = torch.cuda.get_device_properties(dev)
+        per_sm = min(props.max_threads_per_multi_processor // 256, props.regs_per_multiprocessor // (128 * 256))
+        assert wave.programs == props.multi_processor_count * per_sm and wave.l2_ahead == gm.L2_AHEAD
 
 
 def test_out_and_quantlinear_parts():

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .gemv_codes import dense_block, fp8_block, nvfp4_block, prefetch_rows
-from .launch import gdc_prologue, pdl_launch
+from .launch import gdc_prologue, has_fp8_convert, pdl_launch, resident_programs
 from ..quant.formats import dequant_fp8, dequant_nvfp4
 from .nvfp4_triton import _store_exact, exact_out
 
@@ -202,24 +202,10 @@ def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2) -> GemvCo
     return GemvConfig(block_n, block_k, warps, warps_k)
 
 
-def resident_programs(cfg: GemvConfig) -> int:
-    """Programs of this config one SM holds at once (sm_90: 64K registers, 2,048 threads, 32 blocks)."""
-    threads = 32 * cfg.num_warps
-    return max(1, min(32, 2048 // threads, 65536 // (REGS_PER_THREAD * threads)))
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 3  # the interpreter: a few programs, so that the persistent loop takes several turns
-    return _SM_COUNTS.setdefault(device.index or 0, torch.cuda.get_device_properties(device).multi_processor_count)
-
-
-_SM_COUNTS: dict[int, int] = {}
-
-
 def persistent_config(cfg: GemvConfig, device: torch.device) -> GemvConfig:
-    """cfg with persistent programs: one wave on this device, the rows L2_AHEAD turns ahead asked of L2 on CUDA."""
-    return dataclasses.replace(cfg, programs=_sm_count(device) * resident_programs(cfg),
+    """cfg with persistent programs: one wave on this device (REGS_PER_THREAD a thread), the rows L2_AHEAD turns
+    ahead asked of L2 on CUDA."""
+    return dataclasses.replace(cfg, programs=resident_programs(device, 32 * cfg.num_warps, REGS_PER_THREAD),
                                l2_ahead=L2_AHEAD if device.type == "cuda" else 0)
 
 
@@ -290,7 +276,7 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
     One launch; config keywords override choose_config(format, sum N_i, K) one by one; fp8_cvt: FP8 codes through
     the hardware conversion (default: the module switch FP8_CVT)."""
     fmt, tensors, k = _check(x, parts)
-    fp8_cvt = fp8_cvt if fp8_cvt is not None else FP8_CVT
+    fp8_cvt = (fp8_cvt if fp8_cvt is not None else FP8_CVT) and has_fp8_convert(x.device)  # else the bit path
     args = [_kernel_args(fmt, t, fp8_cvt) for t in tensors]
     ns = [a[0].shape[0] for a in args]
     n_total = sum(ns)

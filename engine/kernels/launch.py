@@ -55,3 +55,26 @@ def gdc_prologue(USE_GDC: tl.constexpr):
     if USE_GDC:
         gdc_wait()
         gdc_launch_dependents()
+
+
+def resident_programs(device: torch.device, threads: int, regs_per_thread: int) -> int:
+    """Programs of `threads` threads at `regs_per_thread` registers that the whole device holds at once (one
+    wave): the SMs times min(threads, registers, blocks) per SM, from the device's own limits (an H200 SM takes
+    2,048 threads, an Ada one 1,536). The interpreter (no device): 3 programs, so a persistent loop takes turns."""
+    if device.type != "cuda":
+        return 3
+    key = (device.index or 0, threads, regs_per_thread)
+    if key not in _RESIDENT:
+        props = torch.cuda.get_device_properties(device)
+        per_sm = min(32, getattr(props, "max_threads_per_multi_processor", 2048) // threads,
+                     getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_thread * threads))
+        _RESIDENT[key] = props.multi_processor_count * max(1, per_sm)
+    return _RESIDENT[key]
+
+
+_RESIDENT: dict[tuple[int, int, int], int] = {}
+
+
+def has_fp8_convert(device: torch.device) -> bool:
+    """The GPU converts E4M3 to fp16 in hardware (sm_89+: Ada, Hopper, Blackwell); the interpreter emulates it."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)

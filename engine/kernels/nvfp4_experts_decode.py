@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .launch import gdc_prologue, pdl_launch
+from .launch import gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows, nvfp4_expert_row_bytes
 from .nvfp4_expert_rows import extra_down, routed_down, rows_part, rows_step, x_tiles
@@ -160,16 +160,12 @@ DECODES = ("asm", "fp16", "exact")
 # Persistent expert programs (one wave, x loaded once per program): off until the A/B on a GPU (profile_decode
 # arm "fused-pdl/experts"); the same bytes as one program a tile (tests/test_kernels_nvfp4_experts_decode.py).
 PERSISTENT = False
-REGS_PER_THREAD = 128  # the budget one wave is sized for (sm_90: 64K registers, 2,048 threads an SM)
+REGS_PER_THREAD = 128  # the budget one wave is sized for (the kernels' sm_90 code uses 54-64)
 
 
 def persistent_programs(device: torch.device, num_warps: int) -> int:
-    """One wave of programs of num_warps warps: the SMs times what one SM holds (the interpreter: 3 programs)."""
-    if device.type != "cuda":
-        return 3
-    threads = 32 * num_warps
-    per_sm = max(1, min(32, 2048 // threads, 65536 // (REGS_PER_THREAD * threads)))
-    return torch.cuda.get_device_properties(device).multi_processor_count * per_sm
+    """One wave of programs of num_warps warps on this device (the interpreter: 3 programs)."""
+    return resident_programs(device, 32 * num_warps, REGS_PER_THREAD)
 
 
 def _decode(decode: str | None, rows: torch.Tensor) -> str:
