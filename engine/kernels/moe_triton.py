@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pair_sum import pair_sum
+
 
 @triton.jit
 def moe_decode_gate_up_kernel(
@@ -208,8 +210,5 @@ def moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
         act, pair_ids, block_expert, weights.reshape(-1).contiguous(), down, pair_out, num_pairs, h, inter, e,
         down.stride(0), down.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IS_FP32=is_fp32,
     )
-    # Sum the k expert outputs of each token in slot order: deterministic, no atomics.
-    out = pair_out.view(t, k, h)[:, 0].clone()
-    for j in range(1, k):
-        out += pair_out.view(t, k, h)[:, j]
-    return out.to(x.dtype)
+    # Sum the k expert outputs of each token in slot order, rounded once: deterministic, no atomics, one launch.
+    return pair_sum(pair_out, t, k, x.dtype)

@@ -28,6 +28,7 @@ import triton.language as tl
 from .moe_triton import align_pairs
 from ..quant.nvfp4_rows import unpack_nvfp4_expert  # noqa: F401 (re-exported for the tests)
 from .nvfp4_triton import nvfp4_expert_row_bytes, nvfp4_row_parts
+from .pair_sum import pair_sum
 
 
 @dataclass(frozen=True)
@@ -283,12 +284,8 @@ def nvfp4_moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         act, pair_ids, block_expert, weights.reshape(-1).contiguous(), rows, pair_out, num_pairs,
         hidden, inter, e, rows.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, **launch,
     )
-    # Sum the k expert outputs of each token in slot order: deterministic, no atomics.
-    per_slot = pair_out.view(t, k, hidden)
-    out = per_slot[:, 0].clone()
-    for j in range(1, k):
-        out += per_slot[:, j]
-    return out.to(x.dtype)
+    # Sum the k expert outputs of each token in slot order, rounded once: deterministic, no atomics, one launch.
+    return pair_sum(pair_out, t, k, x.dtype)
 
 
 def dequant_nvfp4_rows(rows: torch.Tensor, hidden: int, inter: int, dtype: torch.dtype = torch.bfloat16,
