@@ -21,7 +21,7 @@ from ..quant.linear import linear
 class DecoderLayer:
     def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels, experts, overlap):
         p = f"layers.{layer}."
-        self.eps = cfg.rms_norm_eps
+        self.eps, self.kernels = cfg.rms_norm_eps, kernels
         self.input_norm, self.post_norm = w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"]
         self.is_attention = cfg.layer_types[layer] == FULL_ATTENTION
         self.mixer = GatedAttention(cfg, layer, w, kernels) if self.is_attention else GatedDeltaNet(cfg, layer, w, kernels)
@@ -29,13 +29,23 @@ class DecoderLayer:
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int,
                 decode: bool) -> torch.Tensor:
-        h = rms_norm_zero_centered(x, self.input_norm, self.eps)
+        fused = self.kernels.fused_norms and not decode  # prefill on a GPU: one Triton launch a norm
+        if fused:
+            from ..kernels.decode_norm import add_rms_norm
+
+            h = add_rms_norm(x, None, self.input_norm, self.eps)[1]
+        else:
+            h = rms_norm_zero_centered(x, self.input_norm, self.eps)
         if self.is_attention:
             h = self.mixer.forward(h, positions, state, start, decode)
         else:
             h = self.mixer.forward(h, state, decode)
-        x = x + h
-        return x + self.moe.forward(rms_norm_zero_centered(x, self.post_norm, self.eps), decode)
+        if fused:  # x + h rounded as torch rounds it, then its norm, in one launch
+            x, h = add_rms_norm(x, h, self.post_norm, self.eps)
+        else:
+            x = x + h
+            h = rms_norm_zero_centered(x, self.post_norm, self.eps)
+        return x + self.moe.forward(h, decode)
 
 
 class Qwen35MoeModel:
