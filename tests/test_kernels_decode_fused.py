@@ -32,7 +32,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> No
 # ---- add_rms_norm ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows, hidden", [(1, 2048), (3, 2051), (2, 37), (1, 8192), (5, 1)])
+@pytest.mark.parametrize("rows, hidden", [(1, 2048), (3, 2051), (2, 37), (1, 8192), (5, 1), (300, 64)])  # prefill rows too
 def test_add_rms_norm_matches_the_layer(rows, hidden, dtype, nan_empty):
     x, delta = rand(rows, hidden, seed=hidden, dtype=dtype), rand(rows, hidden, seed=hidden + 1, dtype=dtype)
     w = rand(hidden, seed=hidden + 2, scale=0.3, dtype=dtype)
