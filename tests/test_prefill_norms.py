@@ -1,6 +1,7 @@
-"""Prefill's residual add + RMSNorms in one Triton launch each (options.prefill_norms=fused, the GPU default), in
-Triton's interpreter on the CPU: the kernel runs for every norm of every (layer, chunk) step, the logits stay
-at the torch norms' fp32 level, and layer-major prefill stays byte-equal to chunked prefill with it."""
+"""Prefill's norms in one Triton launch each (options.prefill_norms=fused, the GPU default: the residual add +
+RMSNorms, and GatedDeltaNet's gated output norm), in Triton's interpreter on the CPU: the gated norm kernel
+against ops.rms_norm_gated on awkward sizes, the kernels run for every norm of every (layer, chunk) step, the
+logits stay at the torch norms' fp32 level, and layer-major prefill stays byte-equal to chunked prefill."""
 import dataclasses
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 pytest.importorskip("triton")
 
 from qwenlocal.engine import Engine  # noqa: E402
-from qwenlocal.engine.kernels import decode_norm  # noqa: E402
+from qwenlocal.engine.kernels import decode_norm, gdn_norm  # noqa: E402
+from qwenlocal.engine.model.ops import rms_norm_gated  # noqa: E402
 
 CHUNK = 16
 
@@ -20,7 +22,7 @@ def _engine(ckpt, fused: bool, **opts):
         kernels = dataclasses.replace(eng.model.kernels, fused_norms=True)
         eng.model.kernels = kernels
         for layer in eng.model.layers:
-            layer.kernels = kernels
+            layer.kernels = layer.mixer.kernels = kernels
     return eng
 
 
@@ -30,15 +32,35 @@ def _prefill(eng, ids):
     return logits, state
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("t, heads, v", [(37, 3, 48), (5, 2, 128), (1, 1, 7)])
+def test_gated_rms_norm_matches_the_reference(t, heads, v, dtype, nan_empty):
+    gen = torch.Generator().manual_seed(t * heads + v)
+    o = torch.randn(t, heads, v, generator=gen) * 3  # the rule's fp32 output
+    z = torch.randn(t, heads * v, generator=gen).to(dtype).view(t, heads, v)
+    w = (1 + 0.3 * torch.randn(v, generator=gen)).to(dtype)
+    got = gdn_norm.gated_rms_norm(o, z, w, 1e-6)
+    ref = rms_norm_gated(o.to(dtype), z, w, 1e-6)
+    assert got.dtype == dtype and got.shape == ref.shape and torch.isfinite(got).all()
+    # the same roundings; 1/sqrt for rsqrt: an ulp of the output dtype at most
+    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -21
+    assert ((got.float() - ref.float()).abs() <= ulp * ref.float().abs() + 1e-6).all()
+
+
 def test_fused_norms_run_every_norm_and_stay_at_the_torch_level(tiny_ckpt, monkeypatch):
-    calls = []
-    real = decode_norm.add_rms_norm
+    calls, gated = [], []
+    real, real_gated = decode_norm.add_rms_norm, gdn_norm.gated_rms_norm
 
     def counted(*args, **kwargs):
         calls.append(args[1] is not None)
         return real(*args, **kwargs)
 
+    def counted_gated(*args, **kwargs):
+        gated.append(1)
+        return real_gated(*args, **kwargs)
+
     monkeypatch.setattr(decode_norm, "add_rms_norm", counted)
+    monkeypatch.setattr(gdn_norm, "gated_rms_norm", counted_gated)
     ids = torch.randint(0, 500, (40,), generator=torch.Generator().manual_seed(8))  # 3 chunks, the last partial
     ref, _ = _prefill(_engine(tiny_ckpt, False), ids)
     assert not calls
@@ -46,6 +68,7 @@ def test_fused_norms_run_every_norm_and_stay_at_the_torch_level(tiny_ckpt, monke
     got, _ = _prefill(eng, ids)
     layers = len(eng.model.layers)
     assert calls.count(False) == calls.count(True) == 3 * layers  # the input norm, then add + post norm
+    assert len(gated) == 3 * sum(not layer.is_attention for layer in eng.model.layers)  # GDN layers' output norm
     assert torch.isfinite(got).all()
     assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5  # fp32: an ulp of rsqrt apart at most
 
