@@ -14,13 +14,13 @@ from .memory import VramBudget, gib
 # Every decision, in display order. The names are also the keys of `Engine.plan` and of `to_dict()`.
 DECISIONS = ("device", "dtype", "vram_budget", "max_context", "prefill_chunk", "experts", "linears", "fp8_prefill",
              "slots", "bank", "stream_buffers", "overlap", "prefill_mode", "prefill_window", "slot_prefill_tokens",
-             "attention", "gdn", "moe", "decode", "norms", "cuda_graphs", "routing", "threads")
+             "attention", "gdn", "moe", "decode", "prefill_kernels", "cuda_graphs", "routing", "threads")
 # EngineOptions field -> the decision that reports it (a test holds every field to one).
 OPTION_DECISIONS = {"prefill_chunk": "prefill_chunk", "prefill_mode": "prefill_mode", "overlap": "overlap",
                     "cuda_graphs": "cuda_graphs", "routing": "routing", "max_context": "max_context",
                     "vram_budget": "vram_budget", "expert_slots": "slots", "prefill_window": "prefill_window",
                     "expert_format": "experts", "linear_format": "linears", "slot_prefill_tokens": "slot_prefill_tokens",
-                    "fp8_prefill": "fp8_prefill", "decode_kernels": "decode", "prefill_norms": "norms",
+                    "fp8_prefill": "fp8_prefill", "decode_kernels": "decode", "prefill_kernels": "prefill_kernels",
                     "threads": "threads"}
 
 
@@ -82,7 +82,7 @@ class EngineConfig:
     cuda_graphs: bool  # the decode step replays one captured CUDA graph
     routing: str | None  # a synthetic routing trace (benchmarks), described; None = the model's router
     threads: int | None  # torch CPU threads, set at engine build on the CPU; None on a GPU (left as torch has it)
-    norms: str = "torch"  # prefill's residual add + RMSNorms: "fused" (one Triton launch a norm) | "torch"
+    prefill_kernels: str = "torch"  # prefill's small kernels (norms, GDN conv): "fused" (Triton) | "torch"
     vram: VramBudget | None = None  # the VRAM arithmetic on a GPU
     reasons: dict = field(default_factory=dict)  # decision -> one line
     overridden: frozenset = frozenset()  # decisions the user set

@@ -13,7 +13,7 @@ EXPERT_FORMATS = ("auto", "dense", "nvfp4")
 LINEAR_FORMATS = ("auto", "native", "dequantized")
 FP8_PREFILL = ("auto", "dequantize", "scaled-mm")
 DECODE_KERNELS = ("auto", "fused", "fused-pdl", "reference")
-PREFILL_NORMS = ("auto", "fused", "torch")
+PREFILL_KERNELS = ("auto", "fused", "torch")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -65,10 +65,10 @@ class EngineOptions:
     # programmatic dependent launch (sm_90+: each launch overlaps the previous kernel's tail; the same bytes);
     # "auto" = fused-pdl on sm_90+, fused on other GPUs with Triton, reference on the CPU.
     decode_kernels: str = "auto"
-    # The residual add + RMSNorms of prefill: "fused" = one Triton launch per norm (the decode step's kernel,
-    # over every row of the chunk); "torch" = the ~10 torch ops per norm of the reference path; "auto" = fused
-    # where Triton runs on a GPU.
-    prefill_norms: str = "auto"
+    # Prefill's small kernels around its matmuls (the residual add + RMSNorms, GatedDeltaNet's gated norm and
+    # causal conv): "fused" = one Triton launch each; "torch" = the reference path's torch ops (~10 a norm);
+    # "auto" = fused where Triton runs on a GPU.
+    prefill_kernels: str = "auto"
     # CPU threads for torch (set once when a CPU engine is built); None = physical cores less one, at most 8.
     threads: int | None = None
 
@@ -97,8 +97,8 @@ class EngineOptions:
             raise OptionError(f"fp8_prefill {self.fp8_prefill!r} is not one of {', '.join(FP8_PREFILL)}")
         if self.decode_kernels not in DECODE_KERNELS:
             raise OptionError(f"decode_kernels {self.decode_kernels!r} is not one of {', '.join(DECODE_KERNELS)}")
-        if self.prefill_norms not in PREFILL_NORMS:
-            raise OptionError(f"prefill_norms {self.prefill_norms!r} is not one of {', '.join(PREFILL_NORMS)}")
+        if self.prefill_kernels not in PREFILL_KERNELS:
+            raise OptionError(f"prefill_kernels {self.prefill_kernels!r} is not one of {', '.join(PREFILL_KERNELS)}")
         if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                                          or self.threads < 1):
             raise OptionError(f"threads must be a positive number of CPU threads, got {self.threads!r}")

@@ -86,7 +86,7 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
                           stream=stream_buffer_bytes(facts, slots))
 
     kernels = kernel_choices(model, dev, dt, opts.decode_kernels, sw, _capability(profile) if dev == "cuda" else None,
-                             opts.prefill_norms)
+                             opts.prefill_kernels)
     # The fused step runs the NVFP4 shared expert inside the routed experts' two kernels; apart from them (on
     # its stream beside the miss copy) it costs more launches than the copy it hides.
     shared_in_experts = kernels["decode"][0] in ("fused", "fused-pdl") and experts == "nvfp4" and linears == "native"
@@ -99,9 +99,9 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
     if opts.decode_kernels != "auto":
         d.overridden.add("decode")
         d.reasons["decode"] = f"overridden by user (decode_kernels={opts.decode_kernels}); " + d.reasons["decode"]
-    if opts.prefill_norms != "auto":
-        d.overridden.add("norms")
-        d.reasons["norms"] = f"overridden by user (prefill_norms={opts.prefill_norms}); " + d.reasons["norms"]
+    if opts.prefill_kernels != "auto":
+        d.overridden.add("prefill_kernels")
+        d.reasons["prefill_kernels"] = f"overridden by user (prefill_kernels={opts.prefill_kernels}); " + d.reasons["prefill_kernels"]
     graphs = _cuda_graphs(opts, dev, kernels, d)
     if routing is None and opts.routing is not None:
         routing = str(opts.routing)  # the engine passes RoutingSpec.describe(); a bare spec is shown as given
@@ -117,7 +117,7 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
         stream_buffers=stream, overlap=overlap, prefill_mode=mode, layer_major_min_tokens=threshold,
         prefill_window=opts.prefill_window, slot_prefill_tokens=slot_prefill, attention=kernels["attention"][0],
         gdn=kernels["gdn"][0], moe=kernels["moe"][0], decode=kernels["decode"][0], cuda_graphs=graphs,
-        routing=routing, threads=threads, norms=kernels["norms"][0], vram=vram, reasons=dict(d.reasons), overridden=frozenset(d.overridden))
+        routing=routing, threads=threads, prefill_kernels=kernels["prefill_kernels"][0], vram=vram, reasons=dict(d.reasons), overridden=frozenset(d.overridden))
 
 
 def _copy(d: _Decisions, machine, name: str, as_name: str) -> None:
@@ -370,22 +370,22 @@ def _capability(profile) -> tuple[int, int] | None:
 
 
 def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, sw: Software,
-                   capability: tuple[int, int] | None = None, prefill_norms: str = "auto"
+                   capability: tuple[int, int] | None = None, prefill_kernels: str = "auto"
                    ) -> dict[str, tuple[str, str]]:
-    """part -> (kernel name, reason) for attention, gdn, moe, the batch-1 decode step and prefill's norms.
+    """part -> (kernel name, reason) for attention, gdn, moe, the batch-1 decode step and prefill's small kernels.
     capability: the GPU's compute capability (programmatic dependent launch needs sm_90+)."""
     if dev != "cuda":
         if decode_kernels in ("fused", "fused-pdl"):
             raise OptionError("decode_kernels=fused needs a CUDA GPU with Triton; on the CPU use decode_kernels=auto "
                               "or reference")
-        if prefill_norms == "fused":
-            raise OptionError("prefill_norms=fused needs a CUDA GPU with Triton; on the CPU use prefill_norms=auto "
+        if prefill_kernels == "fused":
+            raise OptionError("prefill_kernels=fused needs a CUDA GPU with Triton; on the CPU use prefill_kernels=auto "
                               "or torch")
         return {"attention": ("sdpa", "CPU: torch SDPA over a contiguous KV cache (the reference path)"),
                 "gdn": ("torch", "CPU: the torch chunked/recurrent gated delta rule (the reference path)"),
                 "moe": ("torch", "CPU: per-expert loop over the chosen experts (the reference path)"),
                 "decode": ("reference", "CPU: the unfused decode path"),
-                "norms": ("torch", "CPU: torch norms (the reference path)")}
+                "prefill_kernels": ("torch", "CPU: the torch ops (the reference path)")}
     out: dict[str, tuple[str, str]] = {}
     fi_ok = model.attention_head_dim in FLASHINFER_HEAD_DIMS and dtype in ("bfloat16", "float16")
     if fi_ok and sw.flashinfer:
@@ -423,15 +423,15 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, 
         out["decode"] = ("fused", f"fused Triton batch-1 decode kernels (plain launches: {why})")
     else:
         out["decode"] = ("reference", "the unfused decode path (Triton is not available)")
-    if prefill_norms == "fused" and not sw.triton:
-        raise OptionError("prefill_norms=fused needs Triton; use prefill_norms=auto or torch")
-    if prefill_norms == "torch" or not sw.triton:
-        out["norms"] = ("torch", "prefill_norms=torch: ~10 torch ops a norm (the reference path)" if sw.triton
-                        else "Triton is not available: ~10 torch ops a norm")
+    if prefill_kernels == "fused" and not sw.triton:
+        raise OptionError("prefill_kernels=fused needs Triton; use prefill_kernels=auto or torch")
+    if prefill_kernels == "torch" or not sw.triton:
+        out["prefill_kernels"] = ("torch", "prefill_kernels=torch: the torch ops of the reference path (~10 a norm)"
+                                  if sw.triton else "Triton is not available: the torch ops of the reference path")
     else:
-        out["norms"] = ("fused", "prefill's residual add + RMSNorm in one Triton launch a norm (the decode step's "
-                                 "kernel over the chunk's rows) instead of ~10 torch ops: launches and host time "
-                                 "in a host-bound prefill")
+        out["prefill_kernels"] = ("fused", "prefill's residual add + RMSNorms, GatedDeltaNet's gated norm and causal "
+                                           "conv in one Triton launch each instead of ~10 torch ops each: launches and "
+                                           "host time in a host-bound prefill")
     return out
 
 

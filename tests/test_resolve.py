@@ -38,7 +38,7 @@ OTHER_VALUES = {"prefill_chunk": 512, "prefill_mode": "chunked", "overlap": "off
                 "routing": "uniform", "max_context": 1024, "vram_budget": "16GiB", "expert_slots": 8,
                 "prefill_window": 16, "expert_format": "dense", "linear_format": "dequantized",
                 "slot_prefill_tokens": 0, "fp8_prefill": "scaled-mm", "decode_kernels": "reference",
-                "prefill_norms": "torch", "threads": 1}
+                "prefill_kernels": "torch", "threads": 1}
 OPTIONS = [{}, {"expert_slots": 8}, {"expert_slots": 60}, {"expert_slots": 8, "prefill_mode": "chunked"},
            {"prefill_mode": "layer-major"}, {"expert_slots": 12, "overlap": "copy-side", "slot_prefill_tokens": 0},
            {"cuda_graphs": False, "decode_kernels": "reference"}, {"vram_budget": "16GiB"}]
@@ -114,10 +114,10 @@ def test_the_two_old_disagreements_are_what_runs():
     # auto on sm_90: the fused kernels with programmatic dependent launch; decode_kernels=fused: plain launches.
     assert gpu.decode == "fused-pdl" and gpu.overlap == "off" and "measured slower" in gpu.reason("overlap")
     assert "programmatic" in gpu.reason("decode")
-    assert gpu.norms == "fused" and "one Triton launch" in gpu.reason("norms")  # prefill's norms, where Triton runs
-    assert resolve({"expert_slots": 2000}, BIG_NVFP4, fake.h200(), "cuda", NONE).norms == "torch"
-    torch_norms = resolve({"expert_slots": 2000, "prefill_norms": "torch"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
-    assert torch_norms.norms == "torch" and "norms" in torch_norms.overridden
+    assert gpu.prefill_kernels == "fused" and "one Triton launch" in gpu.reason("prefill_kernels")  # where Triton runs
+    assert resolve({"expert_slots": 2000}, BIG_NVFP4, fake.h200(), "cuda", NONE).prefill_kernels == "torch"
+    torch_glue = resolve({"expert_slots": 2000, "prefill_kernels": "torch"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
+    assert torch_glue.prefill_kernels == "torch" and "prefill_kernels" in torch_glue.overridden
     plain = resolve({"expert_slots": 2000, "decode_kernels": "fused"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
     assert plain.decode == "fused" and plain.overlap == "off" and "plain launches" in plain.reason("decode")
     ampere = resolve({"expert_slots": 2000}, BIG_NVFP4, fake.fake_gpu_profile(cc="8.6"), "cuda", ALL)
@@ -146,9 +146,9 @@ def test_fake_gpu_constructors_follow_the_config(profile, options, monkeypatch):
     config = resolve(options, TINY, GPU_PROFILES[profile], "cuda", NO_FI)
     cuda = torch.device("cuda")
     kernels = select_kernels(cfg, cuda, torch.bfloat16, config.max_context, config=config)
-    assert {p: n for p, (n, _) in kernels.choices.items()} == {p: getattr(config, p) for p in ("attention", "gdn", "moe", "decode", "norms")}
+    assert {p: n for p, (n, _) in kernels.choices.items()} == {p: getattr(config, p) for p in ("attention", "gdn", "moe", "decode", "prefill_kernels")}
     assert kernels.fused_decode == (config.decode in ("fused", "fused-pdl")) and kernels.pdl == (config.decode == "fused-pdl") and kernels.graph_safe == config.cuda_graphs is False
-    assert kernels.fused_norms == (config.norms == "fused")
+    assert kernels.fused_prefill == (config.prefill_kernels == "fused")
     cache = None
     if config.offloaded:
         cache = ExpertSlotCache(cfg, HostExpertBank(cfg, torch.float32, pin=False), config.slots, torch.device("cpu"),
@@ -187,7 +187,7 @@ def test_cpu_engine_objects_are_what_the_config_says(tiny_ckpt, options):
     assert runner.prefill_chunk == config.prefill_chunk and runner.slot_prefill_tokens == config.slot_prefill_tokens
     assert all(layer.moe.overlap.split == config.overlap == "off" for layer in model.layers)
     assert {p: n for p, (n, _) in model.kernels.choices.items()} == {"attention": "sdpa", "gdn": "torch", "moe": "torch",
-                                                                     "decode": "reference", "norms": "torch"}
+                                                                     "decode": "reference", "prefill_kernels": "torch"}
     assert config.threads is not None and torch.get_num_threads() == config.threads
     assert eng.max_context == config.max_context and str(model.dtype) == "torch." + config.dtype
     assert model.layers[0].moe.experts.fmt == ("nvfp4" if config.experts == "nvfp4" else "dense")
@@ -208,10 +208,10 @@ def test_bad_combinations_fail_in_resolve_naming_the_option(tiny_ckpt, monkeypat
         resolve({"decode_kernels": "fused-pdl"}, BIG_NVFP4, fake.fake_gpu_profile(cc="8.6"), "cuda", ALL)
     with pytest.raises(OptionError, match="decode_kernels"):
         resolve({"decode_kernels": "fused-pdl"}, TINY, None, "cpu", NONE)
-    with pytest.raises(OptionError, match="prefill_norms=fused"):  # a GPU kernel
-        resolve({"prefill_norms": "fused"}, TINY, None, "cpu", NONE)
-    with pytest.raises(OptionError, match="prefill_norms"):
-        resolve({"prefill_norms": "triton"}, TINY, None, "cpu", NONE)
+    with pytest.raises(OptionError, match="prefill_kernels=fused"):  # a GPU kernel
+        resolve({"prefill_kernels": "fused"}, TINY, None, "cpu", NONE)
+    with pytest.raises(OptionError, match="prefill_kernels"):
+        resolve({"prefill_kernels": "triton"}, TINY, None, "cpu", NONE)
     with pytest.raises(OptionError, match="dtype"):
         resolve({}, TINY, None, "cpu", NONE, dtype="int8")
     with pytest.raises(OptionError, match="unknown engine option"):

@@ -1,4 +1,4 @@
-"""GatedDeltaNet's output norm over a chunk of tokens in one launch (prefill; options.prefill_norms=fused).
+"""GatedDeltaNet's output norm over a chunk of tokens in one launch (prefill; options.prefill_kernels=fused).
 
 Why: the reference `ops.rms_norm_gated` is ~12 torch ops per (layer, chunk) step (float, pow, mean, add, rsqrt,
 mul, cast, weight mul, float, silu, mul, cast) over [T, heads, V] fp32 intermediates, in a prefill whose host

@@ -42,7 +42,7 @@ class GatedDeltaNet:
         out, new_rec = self.kernels.gdn(q, k, v, g, beta, rec, decode)
         rec.copy_(new_rec)
         z = linear(x, self.in_proj_z).view(t, c.num_value_heads, c.value_head_dim)
-        if self.kernels.fused_norms and not decode:  # prefill on a GPU: one Triton launch (kernels/gdn_norm.py)
+        if self.kernels.fused_prefill and not decode:  # prefill on a GPU: one Triton launch (kernels/gdn_norm.py)
             from ..kernels.gdn_norm import gated_rms_norm
 
             out = gated_rms_norm(out, z, self.norm_w, self.eps).reshape(t, -1)

@@ -27,13 +27,13 @@ class Kernels:
     experts_decode_nvfp4: Callable | None = None
     fused_decode: bool = False  # the batch-1 decode step runs the fused Triton kernels (options.decode_kernels)
     pdl: bool = False  # ... launched with programmatic dependent launch (decode "fused-pdl", sm_90+)
-    fused_norms: bool = False  # prefill's residual add + RMSNorms in one Triton launch each (options.prefill_norms)
+    fused_prefill: bool = False  # prefill's norms and GDN conv in one Triton launch each (options.prefill_kernels)
 
 
 # Head sizes FlashInfer ships/compiles attention kernels for, and fla's GDN kernels handle (resolve decides).
 from ..resolve import FLA_HEAD_DIMS, FLASHINFER_HEAD_DIMS  # noqa: E402,F401
 
-KERNEL_PARTS = ("attention", "gdn", "moe", "decode", "norms")
+KERNEL_PARTS = ("attention", "gdn", "moe", "decode", "prefill_kernels")
 
 
 def _triton_available() -> bool:
@@ -92,7 +92,7 @@ def build_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, ma
     fused = choices["decode"][0] in ("fused", "fused-pdl") and decode is not routed_experts_decode_reference
     return Kernels(attn, gdn, prefill, decode, graph_safe, dict(choices), *nvfp4, fused_decode=fused,
                    pdl=fused and choices["decode"][0] == "fused-pdl",
-                   fused_norms=choices.get("norms", ("torch", ""))[0] == "fused")
+                   fused_prefill=choices.get("prefill_kernels", ("torch", ""))[0] == "fused")
 
 
 def _nvfp4_references(cfg: ModelConfig) -> tuple[Callable, Callable]:

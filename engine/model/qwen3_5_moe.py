@@ -29,7 +29,7 @@ class DecoderLayer:
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int,
                 decode: bool) -> torch.Tensor:
-        fused = self.kernels.fused_norms and not decode  # prefill on a GPU: one Triton launch a norm
+        fused = self.kernels.fused_prefill and not decode  # prefill on a GPU: one Triton launch a norm
         if fused:
             from ..kernels.decode_norm import add_rms_norm
 

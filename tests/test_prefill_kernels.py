@@ -1,4 +1,4 @@
-"""Prefill's norms in one Triton launch each (options.prefill_norms=fused, the GPU default: the residual add +
+"""Prefill's norms in one Triton launch each (options.prefill_kernels=fused, the GPU default: the residual add +
 RMSNorms, and GatedDeltaNet's gated output norm), in Triton's interpreter on the CPU: the gated norm kernel
 against ops.rms_norm_gated on awkward sizes, the kernels run for every norm of every (layer, chunk) step, the
 logits stay at the torch norms' fp32 level, and layer-major prefill stays byte-equal to chunked prefill."""
@@ -18,8 +18,8 @@ CHUNK = 16
 
 def _engine(ckpt, fused: bool, **opts):
     eng = Engine.from_pretrained(ckpt, device="cpu", options={"prefill_chunk": CHUNK, **opts})
-    if fused:  # the CPU resolves prefill_norms to torch (no GPU); the test drives the Triton kernel anyway
-        kernels = dataclasses.replace(eng.model.kernels, fused_norms=True)
+    if fused:  # the CPU resolves prefill_kernels to torch (no GPU); the test drives the Triton kernel anyway
+        kernels = dataclasses.replace(eng.model.kernels, fused_prefill=True)
         eng.model.kernels = kernels
         for layer in eng.model.layers:
             layer.kernels = layer.mixer.kernels = kernels
@@ -47,7 +47,7 @@ def test_gated_rms_norm_matches_the_reference(t, heads, v, dtype, nan_empty):
     assert ((got.float() - ref.float()).abs() <= ulp * ref.float().abs() + 1e-6).all()
 
 
-def test_fused_norms_run_every_norm_and_stay_at_the_torch_level(tiny_ckpt, monkeypatch):
+def test_fused_prefill_run_every_norm_and_stay_at_the_torch_level(tiny_ckpt, monkeypatch):
     calls, gated = [], []
     real, real_gated = decode_norm.add_rms_norm, gdn_norm.gated_rms_norm
 
@@ -73,7 +73,7 @@ def test_fused_norms_run_every_norm_and_stay_at_the_torch_level(tiny_ckpt, monke
     assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5  # fp32: an ulp of rsqrt apart at most
 
 
-def test_layer_major_is_byte_equal_to_chunked_with_fused_norms(tiny_ckpt):
+def test_layer_major_is_byte_equal_to_chunked_with_fused_prefill(tiny_ckpt):
     ids = torch.randint(0, 500, (40,), generator=torch.Generator().manual_seed(9))
     base = {"expert_slots": 20}
     a, sa = _prefill(_engine(tiny_ckpt, True, prefill_mode="chunked", **base), ids)
