@@ -1,7 +1,7 @@
-"""Prefill's norms in one Triton launch each (options.prefill_kernels=fused, the GPU default: the residual add +
-RMSNorms, and GatedDeltaNet's gated output norm), in Triton's interpreter on the CPU: the gated norm kernel
-against ops.rms_norm_gated on awkward sizes, the kernels run for every norm of every (layer, chunk) step, the
-logits stay at the torch norms' fp32 level, and layer-major prefill stays byte-equal to chunked prefill."""
+"""Prefill's small kernels in one Triton launch each (options.prefill_kernels=fused, the GPU default: the
+residual add + RMSNorms, GatedDeltaNet's causal conv + SiLU and its gated output norm), in Triton's interpreter
+on the CPU: each kernel against its torch reference on awkward sizes, every one run at every (layer, chunk) step,
+the logits at the torch path's fp32 level, and layer-major prefill byte-equal to chunked prefill with them."""
 import dataclasses
 
 import pytest
@@ -10,7 +10,8 @@ import torch
 pytest.importorskip("triton")
 
 from qwenlocal.engine import Engine  # noqa: E402
-from qwenlocal.engine.kernels import decode_norm, gdn_norm  # noqa: E402
+from qwenlocal.engine.kernels import decode_norm, gdn_conv, gdn_norm  # noqa: E402
+from qwenlocal.engine.kernels.gdn_torch import causal_conv1d  # noqa: E402
 from qwenlocal.engine.model.ops import rms_norm_gated  # noqa: E402
 
 CHUNK = 16
@@ -47,9 +48,29 @@ def test_gated_rms_norm_matches_the_reference(t, heads, v, dtype, nan_empty):
     assert ((got.float() - ref.float()).abs() <= ulp * ref.float().abs() + 1e-6).all()
 
 
-def test_fused_prefill_run_every_norm_and_stay_at_the_torch_level(tiny_ckpt, monkeypatch):
-    calls, gated = [], []
-    real, real_gated = decode_norm.add_rms_norm, gdn_norm.gated_rms_norm
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("t", [45, 2, 1])  # several token blocks; fewer tokens than the state holds
+def test_conv_silu_split_matches_the_reference(t, dtype, nan_empty):
+    gen = torch.Generator().manual_seed(t)
+    kd, vd, width = 24, 40, 4  # channel blocks that straddle the q | k | v boundaries
+    c = 2 * kd + vd
+    x = torch.randn(t, c, generator=gen).to(dtype)
+    weight = (torch.randn(c, width, generator=gen) * 0.5).to(dtype)
+    state = torch.randn(c, width - 1, generator=gen)  # fp32, as the cache may hold it
+    q, k, v, new_state = gdn_conv.conv_silu_split(x, weight, state, kd)
+    mixed, ref_state = causal_conv1d(x.t(), weight, state)
+    ref = mixed.t()
+    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    got = torch.cat([q, k, v], dim=1)
+    assert got.shape == ref.shape and got.dtype == dtype and torch.isfinite(got).all()
+    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -20  # the conv's summation order may differ
+    assert ((got.float() - ref.float()).abs() <= 2 * ulp * ref.float().abs() + 1e-5).all()
+    assert torch.equal(new_state, ref_state)  # the last inputs, moved, not computed
+
+
+def test_fused_prefill_kernels_run_at_every_step_and_stay_at_the_torch_level(tiny_ckpt, monkeypatch):
+    calls, gated, convs = [], [], []
+    real, real_gated, real_conv = decode_norm.add_rms_norm, gdn_norm.gated_rms_norm, gdn_conv.conv_silu_split
 
     def counted(*args, **kwargs):
         calls.append(args[1] is not None)
@@ -60,7 +81,12 @@ def test_fused_prefill_run_every_norm_and_stay_at_the_torch_level(tiny_ckpt, mon
         return real_gated(*args, **kwargs)
 
     monkeypatch.setattr(decode_norm, "add_rms_norm", counted)
+    def counted_conv(*args, **kwargs):
+        convs.append(1)
+        return real_conv(*args, **kwargs)
+
     monkeypatch.setattr(gdn_norm, "gated_rms_norm", counted_gated)
+    monkeypatch.setattr(gdn_conv, "conv_silu_split", counted_conv)
     ids = torch.randint(0, 500, (40,), generator=torch.Generator().manual_seed(8))  # 3 chunks, the last partial
     ref, _ = _prefill(_engine(tiny_ckpt, False), ids)
     assert not calls
@@ -68,7 +94,8 @@ def test_fused_prefill_run_every_norm_and_stay_at_the_torch_level(tiny_ckpt, mon
     got, _ = _prefill(eng, ids)
     layers = len(eng.model.layers)
     assert calls.count(False) == calls.count(True) == 3 * layers  # the input norm, then add + post norm
-    assert len(gated) == 3 * sum(not layer.is_attention for layer in eng.model.layers)  # GDN layers' output norm
+    gdn_layers = sum(not layer.is_attention for layer in eng.model.layers)
+    assert len(gated) == len(convs) == 3 * gdn_layers  # GDN layers' conv and output norm
     assert torch.isfinite(got).all()
     assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5  # fp32: an ulp of rsqrt apart at most
 

@@ -30,9 +30,15 @@ class GatedDeltaNet:
     def forward(self, x: torch.Tensor, state: SequenceState, decode: bool) -> torch.Tensor:
         c, t = self.cfg, x.shape[0]
         conv_state = state.conv[self.layer]
-        mixed, new_conv = causal_conv1d(linear(x, self.in_proj_qkv).transpose(0, 1), self.conv_w, conv_state)
+        fused = self.kernels.fused_prefill and not decode  # prefill on a GPU: Triton kernels for the glue
+        if fused:  # conv + SiLU straight into contiguous q, k, v (kernels/gdn_conv.py)
+            from ..kernels.gdn_conv import conv_silu_split
+
+            q, k, v, new_conv = conv_silu_split(linear(x, self.in_proj_qkv), self.conv_w, conv_state, c.key_dim)
+        else:
+            mixed, new_conv = causal_conv1d(linear(x, self.in_proj_qkv).transpose(0, 1), self.conv_w, conv_state)
+            q, k, v = torch.split(mixed.transpose(0, 1), [c.key_dim, c.key_dim, c.value_dim], dim=-1)
         conv_state.copy_(new_conv)
-        q, k, v = torch.split(mixed.transpose(0, 1), [c.key_dim, c.key_dim, c.value_dim], dim=-1)
         q = q.reshape(t, c.num_key_heads, c.key_head_dim)
         k = k.reshape(t, c.num_key_heads, c.key_head_dim)
         v = v.reshape(t, c.num_value_heads, c.value_head_dim)
@@ -42,7 +48,7 @@ class GatedDeltaNet:
         out, new_rec = self.kernels.gdn(q, k, v, g, beta, rec, decode)
         rec.copy_(new_rec)
         z = linear(x, self.in_proj_z).view(t, c.num_value_heads, c.value_head_dim)
-        if self.kernels.fused_prefill and not decode:  # prefill on a GPU: one Triton launch (kernels/gdn_norm.py)
+        if fused:  # the gated norm in one Triton launch (kernels/gdn_norm.py)
             from ..kernels.gdn_norm import gated_rms_norm
 
             out = gated_rms_norm(out, z, self.norm_w, self.eps).reshape(t, -1)
