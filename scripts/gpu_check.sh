@@ -31,7 +31,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 t0=$(date +%s)
-[ "${TESTS:-}" = none ] || timeout ${TEST_TIMEOUT:-900} python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-tests/test_gpu_decode_fused.py tests/test_kernels_gemv_multi.py tests/test_kernels_decode_fused.py tests/test_kernels_gdn_decode.py tests/test_kernels_nvfp4_experts_decode.py tests/test_gpu_flashinfer_plan.py tests/test_gpu_no_sync.py tests/test_kernels_dequant.py tests/test_fp8_scaled_mm.py tests/test_slot_ensure.py tests/test_gpu_offload.py tests/test_gpu_overlap.py tests/test_gpu_runtime.py tests/test_kernels_moe.py tests/test_kernels_nvfp4.py tests/test_kernels_nvfp4_grouped.py tests/test_nvfp4_experts.py::test_quant_linear_gemv_and_blocked_prefill_match_the_dequantized_matmul} 2>&1 | tee "$OUT/gpu_tests.log"
+[ "${TESTS:-}" = none ] || timeout ${TEST_TIMEOUT:-900} python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-tests/test_gpu_decode_fused.py tests/test_kernels_gemv_multi.py tests/test_kernels_decode_fused.py tests/test_kernels_gdn_decode.py tests/test_kernels_nvfp4_experts_decode.py tests/test_gpu_flashinfer_plan.py tests/test_gpu_no_sync.py tests/test_kernels_dequant.py tests/test_fp8_scaled_mm.py tests/test_slot_ensure.py tests/test_gpu_offload.py tests/test_gpu_overlap.py tests/test_gpu_runtime.py tests/test_kernels_moe.py tests/test_kernels_nvfp4.py tests/test_kernels_nvfp4_grouped.py tests/test_nvfp4_experts.py::test_quant_linear_gemv_and_blocked_prefill_match_the_dequantized_matmul tests/test_prefill_kernels.py tests/test_kernels_pair_sum.py tests/test_kernels_nvfp4_experts_parts.py tests/test_gemv_prefetch.py} 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 t1=$(date +%s)
 bench_rc=skipped
