@@ -18,7 +18,9 @@ CHUNK] so that the compiler puts a row's chunks in one thread and the warps acro
 within a warp, x stays in registers for all the thread's rows); the dense path is the same without decoding.
 
 Deterministic: each row is reduced by one program in a fixed order set by the launch config (a pure function of
-format, total rows and K: `choose_config`), no atomics, no split-K, no host syncs (graph-capturable).
+format, total rows and K: `choose_config`), no atomics, no split-K, no host syncs (graph-capturable). Two A/B
+switches, off until measured: PERSISTENT (one wave of programs taking the tiles in turn, a row's sum unchanged)
+and FP8_CVT (FP8 codes through the hardware conversion: exact codes, the sums in another order).
 """
 from __future__ import annotations
 
