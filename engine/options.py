@@ -66,8 +66,8 @@ class EngineOptions:
     # "auto" = fused-pdl on sm_90+, fused on other GPUs with Triton, reference on the CPU.
     decode_kernels: str = "auto"
     # Prefill's small kernels around its matmuls (the residual add + RMSNorms, GatedDeltaNet's gated norm and
-    # causal conv): "fused" = one Triton launch each; "torch" = the reference path's torch ops (~10 a norm);
-    # "auto" = fused where Triton runs on a GPU.
+    # causal conv): "fused" = one Triton launch each (GPU, Triton); "torch" = the reference path's torch ops
+    # (~10 a norm); "auto" = torch until the fused kernels' GPU A/B has been measured.
     prefill_kernels: str = "auto"
     # CPU threads for torch (set once when a CPU engine is built); None = physical cores less one, at most 8.
     threads: int | None = None

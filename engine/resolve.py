@@ -425,9 +425,11 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, 
         out["decode"] = ("reference", "the unfused decode path (Triton is not available)")
     if prefill_kernels == "fused" and not sw.triton:
         raise OptionError("prefill_kernels=fused needs Triton; use prefill_kernels=auto or torch")
-    if prefill_kernels == "torch" or not sw.triton:
-        out["prefill_kernels"] = ("torch", "prefill_kernels=torch: the torch ops of the reference path (~10 a norm)"
-                                  if sw.triton else "Triton is not available: the torch ops of the reference path")
+    if prefill_kernels != "fused":
+        why = ("prefill_kernels=torch" if prefill_kernels == "torch" else
+               "Triton is not available" if not sw.triton else
+               "auto: the measured path until the fused kernels' GPU A/B (docs/RESULTS.md session 8)")
+        out["prefill_kernels"] = ("torch", f"{why}: the torch ops of the reference path (~10 a norm)")
     else:
         out["prefill_kernels"] = ("fused", "prefill's residual add + RMSNorms, GatedDeltaNet's gated norm and causal "
                                            "conv in one Triton launch each instead of ~10 torch ops each: launches and "

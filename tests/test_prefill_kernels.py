@@ -1,4 +1,4 @@
-"""Prefill's small kernels in one Triton launch each (options.prefill_kernels=fused, the GPU default: the
+"""Prefill's small kernels in one Triton launch each (options.prefill_kernels=fused, opt-in on a GPU: the
 residual add + RMSNorms, GatedDeltaNet's causal conv + SiLU and its gated output norm), in Triton's interpreter
 on the CPU (natively on a GPU, the `small` model in bf16 there): each kernel against its torch reference on
 awkward sizes, every one run at every (layer, chunk) step, the logits at the torch path's level, and layer-major
