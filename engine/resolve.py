@@ -15,6 +15,7 @@ from .cpu_threads import default_threads, physical_cores
 from .engine_config import EngineConfig, Software
 from .errors import FeatureUnavailableError, OptionError
 from .memory import DTYPE_BYTES, ModelInfo, VramBudget, borrows_stream, gib, stream_buffer_bytes
+from .kernel_rules import kernel_choices
 from .options import EngineOptions
 from .plan import (_auto_layer_major, _auto_overlap, _chunk_reason, _Decisions, _device, _gpu_bank,
                    resolve_plan)
@@ -22,9 +23,6 @@ from .plan import (_auto_layer_major, _auto_overlap, _chunk_reason, _Decisions, 
 if TYPE_CHECKING:
     from .probe.profile import HardwareProfile
 
-# Head sizes FlashInfer ships/compiles attention kernels for, and fla's GDN kernels handle.
-FLASHINFER_HEAD_DIMS = (64, 128, 256)
-FLA_HEAD_DIMS = (16, 32, 64, 128, 256)
 NVFP4 = "nvfp4"
 
 
@@ -367,74 +365,6 @@ def _capability(profile) -> tuple[int, int] | None:
         return int(major), int(minor)
     except (TypeError, ValueError):
         return None
-
-
-def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, sw: Software,
-                   capability: tuple[int, int] | None = None, prefill_kernels: str = "auto"
-                   ) -> dict[str, tuple[str, str]]:
-    """part -> (kernel name, reason) for attention, gdn, moe, the batch-1 decode step and prefill's small kernels.
-    capability: the GPU's compute capability (programmatic dependent launch needs sm_90+)."""
-    if dev != "cuda":
-        if decode_kernels in ("fused", "fused-pdl"):
-            raise OptionError("decode_kernels=fused needs a CUDA GPU with Triton; on the CPU use decode_kernels=auto "
-                              "or reference")
-        if prefill_kernels == "fused":
-            raise OptionError("prefill_kernels=fused needs a CUDA GPU with Triton; on the CPU use prefill_kernels=auto "
-                              "or torch")
-        return {"attention": ("sdpa", "CPU: torch SDPA over a contiguous KV cache (the reference path)"),
-                "gdn": ("torch", "CPU: the torch chunked/recurrent gated delta rule (the reference path)"),
-                "moe": ("torch", "CPU: per-expert loop over the chosen experts (the reference path)"),
-                "decode": ("reference", "CPU: the unfused decode path"),
-                "prefill_kernels": ("torch", "CPU: the torch ops (the reference path)")}
-    out: dict[str, tuple[str, str]] = {}
-    fi_ok = model.attention_head_dim in FLASHINFER_HEAD_DIMS and dtype in ("bfloat16", "float16")
-    if fi_ok and sw.flashinfer:
-        out["attention"] = ("flashinfer", "GPU: FlashInfer paged prefill and CUDA-graph decode (tensor cores)")
-    else:
-        why = (f"FlashInfer has no kernels for head_dim {model.attention_head_dim} in {dtype}" if not fi_ok else
-               "FlashInfer is not installed")
-        out["attention"] = ("sdpa", f"torch SDPA: {why} (no CUDA graphs with this backend)")
-    key, value = model.gdn_head_dims
-    fla_ok = key in FLA_HEAD_DIMS and value in FLA_HEAD_DIMS
-    if fla_ok and sw.fla:
-        out["gdn"] = ("fla", "fla-core chunked rule (prefill) and fused recurrent (decode)")
-    else:
-        why = "fla-core is not installed" if fla_ok else f"fla does not take head dims {key}/{value}"
-        out["gdn"] = ("torch", f"{why}: torch reference rule")
-    if sw.triton:
-        out["moe"] = ("triton", "Triton grouped GEMM (prefill) and a k-expert GEMV (decode); NVFP4 experts "
-                                "dequantized on the fly (W4A16)")
-    else:
-        out["moe"] = ("torch", "Triton is not available: per-expert loop (syncs; no CUDA graphs)")
-    if decode_kernels == "reference":
-        out["decode"] = ("reference", "the unfused decode path")
-    elif decode_kernels == "fused-pdl" and not (sw.triton and capability is not None and capability >= (9, 0)):
-        raise OptionError("decode_kernels=fused-pdl needs Triton and a GPU of compute capability 9.0+ "
-                          f"(this one: {'.'.join(map(str, capability)) if capability else 'unknown'}); use "
-                          "decode_kernels=auto")
-    elif decode_kernels == "fused-pdl" or (decode_kernels == "auto" and sw.triton and capability is not None
-                                           and capability >= (9, 0)):
-        out["decode"] = ("fused-pdl", "fused Triton batch-1 decode kernels, launched with programmatic dependent "
-                                      "launch (each launch overlaps the previous kernel's tail; the same bytes; "
-                                      "H200 16K step 2.819 -> 2.591 ms, docs/RESULTS.md session 7)")
-    elif sw.triton:
-        why = ("decode_kernels=fused" if decode_kernels == "fused" else
-               "programmatic dependent launch needs sm_90+")
-        out["decode"] = ("fused", f"fused Triton batch-1 decode kernels (plain launches: {why})")
-    else:
-        out["decode"] = ("reference", "the unfused decode path (Triton is not available)")
-    if prefill_kernels == "fused" and not sw.triton:
-        raise OptionError("prefill_kernels=fused needs Triton; use prefill_kernels=auto or torch")
-    if prefill_kernels != "fused":
-        why = ("prefill_kernels=torch" if prefill_kernels == "torch" else
-               "Triton is not available" if not sw.triton else
-               "auto: the measured path until the fused kernels' GPU A/B (docs/RESULTS.md session 8)")
-        out["prefill_kernels"] = ("torch", f"{why}: the torch ops of the reference path (~10 a norm)")
-    else:
-        out["prefill_kernels"] = ("fused", "prefill's residual add + RMSNorms, GatedDeltaNet's gated norm and causal "
-                                           "conv in one Triton launch each instead of ~10 torch ops each: launches and "
-                                           "host time in a host-bound prefill")
-    return out
 
 
 def _cuda_graphs(opts: EngineOptions, dev: str, kernels: dict, d: _Decisions) -> bool:

@@ -31,7 +31,7 @@ class Kernels:
 
 
 # Head sizes FlashInfer ships/compiles attention kernels for, and fla's GDN kernels handle (resolve decides).
-from ..resolve import FLA_HEAD_DIMS, FLASHINFER_HEAD_DIMS  # noqa: E402,F401
+from ..kernel_rules import FLA_HEAD_DIMS, FLASHINFER_HEAD_DIMS  # noqa: E402,F401
 
 KERNEL_PARTS = ("attention", "gdn", "moe", "decode", "prefill_kernels")
 
@@ -47,14 +47,14 @@ def _triton_available() -> bool:
 def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_len: int,
                    attention: str = "auto", fused_decode: bool = False, *, config=None) -> Kernels:
     """The kernels an EngineConfig names (config.attention/gdn/moe/decode, with their reasons); it decides
-    nothing. Without a config (tools, old callers) the names come from resolve's own kernel_choices for this
+    nothing. Without a config (tools, old callers) the names come from kernel_rules.kernel_choices for this
     process; attention="sdpa" then forces SDPA and fused_decode asks for the fused decode step."""
     if config is not None:
         choices = {part: (getattr(config, part), config.reason(part)) for part in KERNEL_PARTS}
     else:
         from ..choices import DTYPE_NAMES, detect_software
         from ..memory import ModelInfo
-        from ..resolve import kernel_choices
+        from ..kernel_rules import kernel_choices
 
         choices = kernel_choices(ModelInfo.from_config(cfg), device.type, DTYPE_NAMES[dtype],
                                  "auto" if fused_decode else "reference", detect_software(device))
