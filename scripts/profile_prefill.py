@@ -7,7 +7,8 @@ CUDA trace: the prefill's wall time; the time H2D copies were active, compute ke
 once (the overlap); the host-side synchronizations (cudaDeviceSynchronize / cudaStreamSynchronize /
 cudaEventSynchronize / cudaMemcpy, count and total time) that could serialize the copy stream with compute;
 and the top kernels.
-    python scripts/profile_prefill.py [TOKENS] [--mode layer-major|chunked]
+    python scripts/profile_prefill.py [TOKENS] [--mode layer-major|chunked] [--option KEY=VALUE ...]
+(--option: any engine option, e.g. prefill_kernels=fused or prefill_chunk=4096, for an A/B of two runs.)
 """
 from __future__ import annotations
 
@@ -83,9 +84,19 @@ def main() -> None:
     ap.add_argument("tokens", nargs="?", type=int, default=16384)
     ap.add_argument("--mode", default="layer-major", choices=("layer-major", "chunked"))
     ap.add_argument("--model", default="synthetic:qwen3.6-35b-a3b")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an engine option (repeatable), e.g. prefill_kernels=fused")
     args = ap.parse_args()
+    extra = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--option takes KEY=VALUE, got {item!r}")
+        extra[key] = int(value) if value.isdigit() else value
     eng = Engine.from_pretrained(args.model, device="cuda", dtype=torch.bfloat16, vram_budget="16GiB",
-                                 options={"prefill_mode": args.mode, "routing": {"preset": "calibrated-28"}})
+                                 options={"prefill_mode": args.mode, "routing": {"preset": "calibrated-28"},
+                                          **extra})
+    print("options:", {k: eng.plan[k]["value"] for k in ("prefill_chunk", "prefill_kernels", "prefill_mode")})
     runner = eng.runner
     ids = torch.randint(0, 600, (args.tokens,), device="cuda")
     runner.prefill(runner.new_state(), ids)  # warm-up: JIT, allocator, graphs
