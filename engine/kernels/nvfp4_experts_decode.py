@@ -184,20 +184,22 @@ def _block_g(k_in: int, block_g: int | None) -> int:
 
 
 def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
-                   extra: tuple | None = None, out: torch.Tensor | None = None, *, block_n: int = 2,
+                   extra: tuple | None = None, out: torch.Tensor | None = None, *, block_n: int | None = None,
                    block_g: int | None = None, num_warps: int = 4, decode: str | None = None,
                    x_split: bool = True, group_scales: bool = False, programs: int | None = None) -> torch.Tensor:
     """act fp32 [n, I] (n = k, + 1 with extra): act[j] = SiLU(gate_j x) * (up_j x) for the row rows[ids[0, j]]
     and, with extra = (gate_packed, gate_scale, gate_scale2, up_packed, up_scale, up_scale2) (QuantLinear NVFP4
     tensors [I, H/2], [I, H/16] e4m3, fp32 []), act[k] for that expert. x [1, H] (or [H]) bf16/fp16/fp32,
     ids [1, k] int on the device, rows uint8 [E or S, >= row bytes]. One launch, grid (n, I / block_n).
-    block_g: 16-code groups per K step (None: the whole row at once). block_n 2: the H200 sweep's best (9.35 us
-    vs 10.47 at 8 for the real geometry, scripts/bench_nvfp4_experts_decode.py). programs: at most this many
+    block_g: 16-code groups per K step (None: the whole row at once). block_n (None: 2 on a GPU, the H200 sweep's
+    best: 9.35 us vs 10.47 at 8 for the real geometry, scripts/bench_nvfp4_experts_decode.py). programs: at most this many
     persistent programs taking the (expert, row block) tiles in turn, x loaded once each (the whole row in one
     K step only; None: the module switch PERSISTENT, one wave of them, else one program a tile)."""
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
+    if block_n is None:  # 2 on a GPU; in Triton's interpreter (tests) whole experts, its time going by programs
+        block_n = 2 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     if out is None:
         out = torch.empty(n, inter, device=x.device, dtype=torch.float32)
     gate = up = (words, rows, out)  # unused stand-ins of the right pointer types
