@@ -18,14 +18,14 @@ ROWS = 16  # (token, head) rows a program normalises
 
 
 @triton.jit
-def gated_rms_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, R, V, z_row_stride, eps, ROWS_P: tl.constexpr,
+def gated_rms_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, R, V, eps, ROWS_P: tl.constexpr,
                           BV: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr):
     rows = tl.program_id(0) * ROWS_P + tl.arange(0, ROWS_P)[:, None]
     cols = tl.arange(0, BV)[None, :]
     mask = (rows < R) & (cols < V)
     rows64 = rows.to(tl.int64)
     o = _round(tl.load(o_ptr + rows64 * V + cols, mask=mask, other=0.0).to(tl.float32), DT)
-    zr = _round(tl.load(z_ptr + rows64 * z_row_stride + cols, mask=mask, other=0.0).to(tl.float32), DT)
+    zr = _round(tl.load(z_ptr + rows64 * V + cols, mask=mask, other=0.0).to(tl.float32), DT)
     w = tl.load(w_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
     y = _gated_rms_norm(o, zr, w, mask, V, eps, DT, WDT)
     tl.store(out_ptr + rows64 * V + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -48,6 +48,6 @@ def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     if rows == 0:
         return out
     gated_rms_norm_kernel[(triton.cdiv(rows, ROWS),)](
-        o, z, weight, out, rows, v, v, eps, ROWS_P=ROWS, BV=triton.next_power_of_2(v), DT=_DT[z.dtype],
+        o, z, weight, out, rows, v, eps, ROWS_P=ROWS, BV=triton.next_power_of_2(v), DT=_DT[z.dtype],
         WDT=_DT[wdt], num_warps=4)
     return out

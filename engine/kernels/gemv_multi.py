@@ -72,6 +72,16 @@ def _tile_rows(t, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1, n2, n3
 
 
 @triton.jit
+def _prefetch_tile(t, tiles, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1, n2, n3, p1, p2, p3,
+                   K: tl.constexpr, FMT: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tile t's weight rows asked of L2 (a later turn's, in a persistent program); nothing past the last tile."""
+    if t < tiles:
+        w, s, g, rows64, mask_n, _ = _tile_rows(t, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1, n2, n3,
+                                                p1, p2, p3, PARTS, BLOCK_N)
+        prefetch_rows(w, s, rows64, mask_n, K, FMT, True)
+
+
+@triton.jit
 def _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K: tl.constexpr, FMT: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
                   FP8_CVT: tl.constexpr):
@@ -111,19 +121,13 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
         grid = tl.num_programs(0)
         if L2_AHEAD > 0:  # the first turns' rows, before the wait (with PDL: while the previous kernel runs)
             for a in tl.static_range(L2_AHEAD):
-                ta = pid + a * grid
-                if ta < tiles:
-                    w, s, g, rows64, mask_n, _ = _tile_rows(ta, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
-                                                            n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
-                    prefetch_rows(w, s, rows64, mask_n, K, FMT, True)
+                _prefetch_tile(pid + a * grid, tiles, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1, n2,
+                               n3, p1, p2, p3, K, FMT, PARTS, BLOCK_N)
         gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
         for t in range(pid, tiles, grid):
             if L2_AHEAD > 0:
-                ta = t + L2_AHEAD * grid
-                if ta < tiles:
-                    w, s, g, rows64, mask_n, _ = _tile_rows(ta, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
-                                                            n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
-                    prefetch_rows(w, s, rows64, mask_n, K, FMT, True)
+                _prefetch_tile(t + L2_AHEAD * grid, tiles, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1,
+                               n2, n3, p1, p2, p3, K, FMT, PARTS, BLOCK_N)
             w, s, g, rows64, mask_n, out_rows = _tile_rows(t, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
                                                            n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
             _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,

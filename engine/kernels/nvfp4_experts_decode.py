@@ -168,6 +168,16 @@ def persistent_programs(device: torch.device, num_warps: int) -> int:
     return resident_programs(device, 32 * num_warps, REGS_PER_THREAD)
 
 
+def requested_programs(programs: int | None, device: torch.device, num_warps: int, one_step: bool) -> int | None:
+    """The persistent programs a launch asked for (programs=, else one wave where the PERSISTENT switch is on);
+    None: one program a tile. Persistent programs need the whole row in one K step."""
+    if programs is None and PERSISTENT and one_step:
+        programs = persistent_programs(device, num_warps)
+    if programs is not None and not one_step:
+        raise ValueError("persistent expert programs need the whole row in one K step (block_g None)")
+    return programs
+
+
 def _decode(decode: str | None, rows: torch.Tensor) -> str:
     """The E2M1/E4M3 decode: "asm" (fp16 halves via PTX; CUDA only), "fp16" (the same in plain Triton, with a
     repacking of 16-bit registers on the GPU), "exact" (integer decodes, no fp16 subnormals or FP8 conversion:
@@ -209,11 +219,7 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     masked = inter % block_n != 0 or (hidden // 16) % bg != 0
     off = _row_offsets(hidden, inter)
     tiles = n * triton.cdiv(inter, block_n)
-    one_step = bg * 16 >= hidden
-    if programs is None and PERSISTENT and one_step:
-        programs = persistent_programs(x.device, num_warps)
-    if programs is not None and not one_step:
-        raise ValueError("persistent expert programs need the whole row in one K step (block_g None)")
+    programs = requested_programs(programs, x.device, num_warps, bg * 16 >= hidden)
     persistent = programs is not None and 0 < programs < tiles
     expert_gate_up_kernel[(programs,) if persistent else (n, triton.cdiv(inter, block_n))](
         x.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out, hidden, inter, words.stride(0),

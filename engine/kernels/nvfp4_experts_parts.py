@@ -22,9 +22,8 @@ import triton.language as tl
 from .launch import gdc_prologue, pdl_launch
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
-from . import nvfp4_experts_decode as _experts
 from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
-from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets
+from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs
 
 
 @triton.jit
@@ -114,11 +113,7 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     if not write_shared and (extra is not None or addend is not None):
         raise ValueError("write_shared=False leaves the shared row to the caller: give neither extra nor addend")
     experts, tiles = k + 1 if write_shared else k, triton.cdiv(hidden, block_m)
-    one_step = bg * 16 >= inter
-    if programs is None and _experts.PERSISTENT and one_step:
-        programs = _experts.persistent_programs(act.device, num_warps)
-    if programs is not None and not one_step:
-        raise ValueError("persistent expert programs need the whole row in one K step (block_g None)")
+    programs = requested_programs(programs, act.device, num_warps, bg * 16 >= inter)
     per_expert = max(1, (programs or 0) // max(1, experts))
     persistent = programs is not None and per_expert < tiles
     expert_down_parts_kernel[(per_expert if persistent else tiles, experts)](
