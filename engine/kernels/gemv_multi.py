@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from .gemv_codes import dense_block, fp8_block, nvfp4_block, prefetch_rows
-from .launch import gdc_prologue, has_fp8_convert, pdl_launch, resident_programs
+from .fp8_scaled_mm import fp8_tensor_cores
+from .launch import gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_fp8, dequant_nvfp4
 from .nvfp4_triton import _store_exact, exact_out
 
@@ -282,7 +283,7 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
     One launch; config keywords override choose_config(format, sum N_i, K) one by one; fp8_cvt: FP8 codes through
     the hardware conversion (default: the module switch FP8_CVT)."""
     fmt, tensors, k = _check(x, parts)
-    fp8_cvt = (fp8_cvt if fp8_cvt is not None else FP8_CVT) and has_fp8_convert(x.device)  # else the bit path
+    fp8_cvt = (fp8_cvt if fp8_cvt is not None else FP8_CVT) and fp8_tensor_cores(x.device)  # sm_89+; else the bit path
     args = [_kernel_args(fmt, t, fp8_cvt) for t in tensors]
     ns = [a[0].shape[0] for a in args]
     n_total = sum(ns)

@@ -74,7 +74,3 @@ def resident_programs(device: torch.device, threads: int, regs_per_thread: int) 
 
 _RESIDENT: dict[tuple[int, int, int], int] = {}
 
-
-def has_fp8_convert(device: torch.device) -> bool:
-    """The GPU converts E4M3 to fp16 in hardware (sm_89+: Ada, Hopper, Blackwell); the interpreter emulates it."""
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
