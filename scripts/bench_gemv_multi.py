@@ -196,7 +196,8 @@ def main() -> None:
                             torch.cat([gemv(x, p, **kwargs(base)) for p in gen_parts], dim=-1))
         # the best config (persistent or not) against one program a tile of its own tile shape: the same bytes
         one_each = dataclasses.replace(best, programs=0, l2_ahead=0)
-        split = split and torch.equal(gemv_multi(x, gen_parts, **kwargs(best)), gemv_multi(x, gen_parts, **kwargs(one_each)))
+        split = split and torch.equal(gemv_multi(x, gen_parts, **kwargs(best)),
+                                      gemv_multi(x, gen_parts, **kwargs(one_each)))
         moved = size + x.numel() * 2 + sum(n for n, _ in shapes) * 2
         print(f"{name:20} {fmt:5} {size / 2**20:7.2f} {t_old * 1e6:8.1f} {t_new * 1e6:8.1f} {moved / t_new / 1e9:6.0f} "
               f"{100 * moved / t_new / PEAK:5.1f} {t_best * 1e6:8.1f} {100 * moved / t_best / PEAK:5.1f} "

@@ -201,10 +201,11 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     and, with extra = (gate_packed, gate_scale, gate_scale2, up_packed, up_scale, up_scale2) (QuantLinear NVFP4
     tensors [I, H/2], [I, H/16] e4m3, fp32 []), act[k] for that expert. x [1, H] (or [H]) bf16/fp16/fp32,
     ids [1, k] int on the device, rows uint8 [E or S, >= row bytes]. One launch, grid (n, I / block_n).
-    block_g: 16-code groups per K step (None: the whole row at once). block_n (None: 2 on a GPU, the H200 sweep's
-    best: 9.35 us vs 10.47 at 8 for the real geometry, scripts/bench_nvfp4_experts_decode.py). programs: at most this many
-    persistent programs taking the (expert, row block) tiles in turn, x loaded once each (the whole row in one
-    K step only; None: the module switch PERSISTENT, one wave of them, else one program a tile)."""
+    block_g: 16-code groups per K step (None: the whole row at once). block_n (None: 2 on a GPU, the H200
+    sweep's best: 9.35 us vs 10.47 at 8 for the real geometry, scripts/bench_nvfp4_experts_decode.py).
+    programs: at most this many persistent programs taking the (expert, row block) tiles in turn, x loaded once
+    each (the whole row in one K step only; None: the module switch PERSISTENT, one wave of them, else one
+    program a tile)."""
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
