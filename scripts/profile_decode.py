@@ -119,15 +119,20 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "fp8cvt": (gemv_multi, "FP8_CVT"), "experts": (nvfp4_experts_decode, "PERSISTENT")}
 
 
+SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}
+
+
 def set_switches(arm_name: str) -> str:
-    """Set the kernel switches named after the arm's "/" (none: all off); the decode_kernels value."""
+    """Set the kernel switches named after the arm's "/" ("name" on, "no-name" off, the rest at their defaults);
+    the decode_kernels value."""
     base, _, extra = arm_name.partition("/")
-    names = [n for n in extra.split("+") if n]
-    unknown = [n for n in names if n not in SWITCHES]
+    wanted = {n.removeprefix("no-"): not n.startswith("no-") for n in extra.split("+") if n}
+    unknown = [n for n in wanted if n not in SWITCHES]
     if unknown:
-        raise SystemExit(f"unknown arm switch {unknown[0]!r} in {arm_name!r} (known: {', '.join(SWITCHES)})")
+        raise SystemExit(f"unknown arm switch {unknown[0]!r} in {arm_name!r} (known: {', '.join(SWITCHES)}, "
+                         f"each also as no-NAME)")
     for name, (module, attr) in SWITCHES.items():
-        setattr(module, attr, name in names)
+        setattr(module, attr, wanted.get(name, SWITCH_DEFAULTS[name]))
     return base
 
 

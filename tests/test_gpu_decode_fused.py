@@ -74,16 +74,18 @@ def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monk
     assert torch.isfinite(switched).all() and torch.equal(switched, default)
 
 
-def test_fp8_through_the_hardware_conversion_is_at_the_bf16_level_of_the_unfused_step(monkeypatch):
-    """FP8 codes converted by the GPU (gemv_multi.FP8_CVT): exact codes, the sums in another order, so the fused
-    step stays at the bf16 level of the unfused one (as test_fused_decode_is_at_the_bf16_level_... does)."""
+@pytest.mark.parametrize("fp8_cvt", [True, False])
+def test_both_fp8_paths_are_at_the_bf16_level_of_the_unfused_step(monkeypatch, fp8_cvt):
+    """FP8 codes converted by the GPU (gemv_multi.FP8_CVT, the default on sm_89+) and by bit placement (the path
+    of older GPUs): exact codes, the sums in other orders, so the fused step stays at the bf16 level of the
+    unfused one (as test_fused_decode_is_at_the_bf16_level_... does)."""
     from qwenlocal.engine.kernels import gemv_multi
 
     ref = "synthetic:small-nvfp4"
     ids = torch.randint(0, 600, (64 + 40,), generator=torch.Generator().manual_seed(35))
     unfused = build(ref, decode_kernels="reference").score(ids, prefill=64)
     cpu = Engine.from_pretrained(ref, device="cpu", options={"prefill_chunk": CHUNK}).score(ids, prefill=64)
-    monkeypatch.setattr(gemv_multi, "FP8_CVT", True)
+    monkeypatch.setattr(gemv_multi, "FP8_CVT", fp8_cvt)
     fused = build(ref).score(ids, prefill=64)
     assert torch.isfinite(fused).all()
     ra, rb = _rel(fused[64:], cpu[64:]), _rel(unfused[64:], cpu[64:])

@@ -19,8 +19,8 @@ within a warp, x stays in registers for all the thread's rows); the dense path i
 
 Deterministic: each row is reduced by one program in a fixed order set by the launch config (a pure function of
 format, total rows and K: `choose_config`), no atomics, no split-K, no host syncs (graph-capturable). Two A/B
-switches, off until measured: PERSISTENT (one wave of programs taking the tiles in turn, a row's sum unchanged)
-and FP8_CVT (FP8 codes through the hardware conversion: exact codes, the sums in another order).
+switches: PERSISTENT (one wave of programs taking the tiles in turn, a row's sum unchanged; off: slower on the
+H200) and FP8_CVT (FP8 codes through the hardware conversion: exact codes, the sums in another order; on).
 """
 from __future__ import annotations
 
@@ -155,18 +155,19 @@ class GemvConfig:
     l2_ahead: int = 0  # persistent: ask L2 for the tile this many turns ahead (0: no prefetch; CUDA only)
 
 
-# The L2 prefetch of the weights ahead of the programmatic-launch wait (PDL only): off until the A/B on a GPU
-# (scripts/profile_decode.py arm "fused-pdl/prefetch") shows it faster. Not an engine option: it changes no byte.
+# The L2 prefetch of the weights ahead of the programmatic-launch wait (PDL only): off; its A/B on the H200
+# (profile_decode arm "fused-pdl/prefetch", session 9) was 1.05x the step. Not an engine option: no byte moves.
 WEIGHT_PREFETCH = False
 # Persistent programs (one wave: the SMs times the programs one SM holds) with the rows L2_AHEAD turns ahead
-# asked of L2: off until the A/B on a GPU (scripts/profile_decode.py arm "fused-pdl/persistent"). The same
-# bytes as one program a tile (tests/test_kernels_gemv_multi.py).
+# asked of L2: off; the A/B on the H200 (profile_decode arm "fused-pdl/persistent", session 9) was 1.03x the
+# step. The same bytes as one program a tile (tests/test_kernels_gemv_multi.py).
 PERSISTENT = False
 L2_AHEAD = 2
 # FP8 codes converted by the hardware (cvt.rn.f16x2.e4m3x2, sm_89+) in the dense path's tile: ~2.5 SASS
 # instructions a code against ~4.4 for the bit placement (scripts/sass_gemv_multi.py); exact either way, the
-# sums in another order. Off until its A/B on a GPU (profile_decode arm "fused-pdl/fp8cvt").
-FP8_CVT = False
+# sums in another order. On: the resident 16K step 2.668 -> 2.455 ms, median of 5 interleaved rounds, every
+# round faster (docs/RESULTS.md, session 9 call 1). GPUs before sm_89 keep the bit path.
+FP8_CVT = True
 REGS_PER_THREAD = 128  # what the configs' sm_90 code uses at most (scripts/sass_gemv_multi.py): 2 x 8 warps an SM
 TARGET_PROGRAMS = 512  # ~4 per SM of an H200, so the last wave is a small part of the launch
 MAX_TILE_BYTES = 32 * 1024  # weight bytes per program and K block: <= 128 B (8 x 16 B loads) a thread at 8 warps

@@ -157,8 +157,9 @@ def _matrix(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor):
 
 
 DECODES = ("asm", "fp16", "exact")
-# Persistent expert programs (one wave, x loaded once per program): off until the A/B on a GPU (profile_decode
-# arm "fused-pdl/experts"); the same bytes as one program a tile (tests/test_kernels_nvfp4_experts_decode.py).
+# Persistent expert programs (one wave, x loaded once per program): off; the A/B on the H200 (profile_decode arm
+# "fused-pdl/experts", session 9) was 1.07x the step: fewer instructions, but one wave of programs over 8
+# experts' rows streams worse than a program a tile. The same bytes (tests/test_kernels_nvfp4_experts_decode.py).
 PERSISTENT = False
 REGS_PER_THREAD = 128  # the budget one wave is sized for (the kernels' sm_90 code uses 54-64)
 
