@@ -40,7 +40,7 @@ def _engine(ckpt, fused: bool, **opts):
 
 def _prefill(eng, ids):
     state = eng.runner.new_state()
-    logits = eng.runner.prefill(state, ids)
+    logits = eng.runner.prefill(state, ids.to(eng.model.device))  # the runner takes ids where the model is
     return logits, state
 
 
