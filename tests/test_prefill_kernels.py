@@ -84,7 +84,8 @@ def test_fused_prefill_kernels_run_at_every_step_and_stay_at_the_torch_level(ckp
     real, real_gated, real_conv = decode_norm.add_rms_norm, gdn_norm.gated_rms_norm, gdn_conv.conv_silu_split
 
     def counted(*args, **kwargs):
-        calls.append(args[1] is not None)
+        if args[0].shape[0] > 1:  # a prefill chunk's rows; a GPU engine's fused decode step (1 row) uses it too
+            calls.append(args[1] is not None)
         return real(*args, **kwargs)
 
     def counted_gated(*args, **kwargs):
