@@ -25,9 +25,9 @@ from .nvfp4_triton import _store_exact, exact_out
 
 
 @triton.jit
-def route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K: tl.constexpr,
-                      BLOCK_E: tl.constexpr, OUT_BF16: tl.constexpr, USE_GDC: tl.constexpr = False):
-    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
+def _route_tail(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                OUT_BF16: tl.constexpr):
+    """The [E + 1] logits at logits_ptr -> the top-k weights and ids, and the shared gate's sigmoid."""
     experts = tl.arange(0, BLOCK_E)
     valid = experts < E
     logits = tl.load(logits_ptr + experts, mask=valid, other=float("-inf")).to(tl.float32)
@@ -45,6 +45,13 @@ def route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K: tl
     tl.store(ids_ptr + rank, experts.to(tl.int64), mask=chosen)
     gate = tl.load(logits_ptr + E).to(tl.float32)
     tl.store(shared_ptr, 1.0 / (1.0 + tl.exp(-gate)))
+
+
+@triton.jit
+def route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K: tl.constexpr,
+                      BLOCK_E: tl.constexpr, OUT_BF16: tl.constexpr, USE_GDC: tl.constexpr = False):
+    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
+    _route_tail(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K, BLOCK_E, OUT_BF16)
 
 
 def route_topk(logits: torch.Tensor, num_experts: int, top_k: int, weights_dtype: torch.dtype,

@@ -217,6 +217,16 @@ def persistent_config(cfg: GemvConfig, device: torch.device) -> GemvConfig:
                                l2_ahead=L2_AHEAD if device.type == "cuda" else 0)
 
 
+def launch_config(fmt: str, n_total: int, k: int, elem_bytes: int, device: torch.device,
+                  persistent: bool = False) -> GemvConfig:
+    """choose_config on this device: Triton's interpreter (its time goes by programs) takes wider tiles (tests;
+    a row's sum is the same), and `persistent` makes it one wave of programs."""
+    cfg = choose_config(fmt, n_total, k, elem_bytes)
+    if device.type != "cuda":
+        cfg = dataclasses.replace(cfg, block_n=max(cfg.block_n, min(32, triton.next_power_of_2(n_total))))
+    return persistent_config(cfg, device) if persistent else cfg
+
+
 def chunk_words(fmt: str, cfg: GemvConfig, elem_bytes: int = 2, fp8_cvt: bool = False) -> int:
     """The kernel's CHUNK: the words (int32 / int64 / elements; FP8 codes with fp8_cvt) that warps_k warps load
     across a row in one 16 B load per thread, at most the block's words."""
@@ -291,12 +301,8 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
     elem = args[0][0].element_size() if fmt == DENSE else 2
     overrides = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, warps_k=warps_k, num_stages=num_stages,
                      programs=programs, l2_ahead=l2_ahead)
-    cfg = choose_config(fmt, n_total, k, elem)
-    if x.device.type != "cuda":  # Triton's interpreter: its time goes by programs, so wider tiles (tests)
-        cfg = dataclasses.replace(cfg, block_n=max(cfg.block_n, min(32, triton.next_power_of_2(n_total))))
-    if PERSISTENT:
-        cfg = persistent_config(cfg, x.device)
-    cfg = dataclasses.replace(cfg, **{name: v for name, v in overrides.items() if v is not None})
+    cfg = dataclasses.replace(launch_config(fmt, n_total, k, elem, x.device, PERSISTENT),
+                              **{name: v for name, v in overrides.items() if v is not None})
     if cfg.l2_ahead and x.device.type != "cuda":
         raise ValueError("the L2 prefetch (l2_ahead) needs a CUDA device (Triton's interpreter has no PTX)")
     if any(v < 1 or v & (v - 1) for v in (cfg.block_n, cfg.block_k, cfg.warps_k)) or cfg.block_k < 16:

@@ -57,6 +57,30 @@ def gdc_prologue(USE_GDC: tl.constexpr):
         gdc_launch_dependents()
 
 
+@triton.jit
+def last_to_arrive(counter_ptr, programs, FENCE: tl.constexpr):
+    """True in the one program of the launch that arrives here last, with every program's global writes before
+    this call visible to it; that program sets the counter back to 0 for the next launch (a graph replay).
+    Why: a launch's tail (the router's top-k over every program's logits) runs in the same launch, not in a
+    one-program kernel of its own (~3.5 us of launch and latency each on the H200).
+    The order: every thread fences its writes, the CTA meets at a barrier (so one thread's release carries them),
+    one acq_rel atomic at GPU scope counts the arrival, and the last program fences again before it reads.
+    counter_ptr: an int32 that is 0 between launches. FENCE: the PTX fences (false in Triton's interpreter,
+    which runs the programs one after another and has no PTX)."""
+    if FENCE:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    last = arrived == programs - 1
+    if last:
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+        if FENCE:
+            tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    return last
+
+
 def resident_programs(device: torch.device, threads: int, regs_per_thread: int) -> int:
     """Programs of `threads` threads at `regs_per_thread` registers that the whole device holds at once (one
     wave): the SMs times min(threads, registers, blocks) per SM, from the device's own limits (an H200 SM takes

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..kernels import router_gemv
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
@@ -99,16 +100,26 @@ def _nvfp4_shared(moe: "SparseMoE") -> bool:
             and moe.shared[0].out_features == moe.inter)
 
 
-def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """trace_ids: this layer's row of a benchmark routing trace (RoutingTrace.one_token_ids), replacing the
-    router's ids (its weights are kept)."""
+def _route(moe: "SparseMoE", h: torch.Tensor):
+    """(weights, ids, shared_scale) of this token: the router + shared-expert gate in one GEMV, then the tail."""
     gates = [moe.router_w, moe.shared_gate]
+    plain = all(_format(g) == "dense" and g.dtype == h.dtype for g in gates)
+    if router_gemv.FUSED and plain:  # one launch: the tail in the GEMV's last program (the same bytes)
+        if getattr(moe, "route_counter", None) is None:  # made on the first (eager) call, never inside a capture
+            moe.route_counter = router_gemv.new_counter(h.device)
+        return router_gemv.router_topk(h, *gates, moe.top_k, h.dtype, moe.route_counter)
     # Logits in the compute dtype, as the unfused router's F.linear gives them (top-k then agrees on near-ties).
     if _format(gates[0]) == _format(gates[1]):  # always so in the known checkpoints (both BF16): one launch
         router_logits = gemv_multi(h, gates)
     else:
         router_logits = torch.cat(project(h, gates), dim=-1)
-    weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
+    return route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
+
+
+def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """trace_ids: this layer's row of a benchmark routing trace (RoutingTrace.one_token_ids), replacing the
+    router's ids (its weights are kept)."""
+    weights, ids, shared_scale = _route(moe, h)
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
     slots, expert_weights, copy = moe.experts.for_decode(ids)
