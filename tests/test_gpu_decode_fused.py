@@ -62,9 +62,9 @@ def test_programmatic_launch_is_on_and_gives_the_plain_launch_bytes():
                                       ("nvfp4_experts_decode", "PERSISTENT"), ("router_gemv", "FUSED")])
 def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monkeypatch):
     """The A/B switches that change only how the work is spread or prefetched (persistent GEMV programs with the
-    rows asked of L2 turns ahead, the weight prefetch before the PDL wait, persistent expert programs, the router's
-    top-k in its GEMV's last program) give the
-    default step's logits byte for byte, through the graph, 190 steps, with programmatic launch."""
+    rows asked of L2 turns ahead, the weight prefetch before the PDL wait, persistent expert programs, the
+    router's top-k in its GEMV's last program) give the default step's logits byte for byte, through the graph,
+    190 steps, with programmatic launch."""
     import importlib
 
     module, attr = switches
