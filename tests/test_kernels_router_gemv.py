@@ -14,6 +14,7 @@ from qwenlocal.engine import Engine  # noqa: E402
 from qwenlocal.engine.kernels import router_gemv  # noqa: E402
 from qwenlocal.engine.kernels.decode_router import route_topk  # noqa: E402
 from qwenlocal.engine.kernels.gemv_multi import gemv_multi, launch_config  # noqa: E402
+from qwenlocal.engine.kernels.launch import new_counter  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -31,7 +32,7 @@ def _inputs(experts, k, dtype, seed):
 def test_router_topk_gives_the_bytes_of_the_gemv_then_route_topk(experts, k, top_k, dtype):
     h, router_w, shared_gate = _inputs(experts, k, dtype, seed=experts + k)
     ref = route_topk(gemv_multi(h, [router_w, shared_gate]).reshape(-1), experts, top_k, dtype)
-    counter = router_gemv.new_counter(h.device)
+    counter = new_counter(h.device)
     for _ in range(2):  # the counter is back at 0: the second launch's tail runs as the first's did
         got = router_gemv.router_topk(h, router_w, shared_gate, top_k, dtype, counter)
         assert all(torch.equal(g, r) for g, r in zip(got, ref))
@@ -42,7 +43,8 @@ def test_a_tail_before_every_program_arrived_gives_other_bytes():
     """Negative control: a counter that says all but one program are in makes the first to arrive run the tail
     over logits the others have not written: the routing differs (what the arrival count guards against)."""
     h, router_w, shared_gate = _inputs(256, 2048, torch.float32, seed=5)
-    ref = route_topk(gemv_multi(h, [router_w, shared_gate]).reshape(-1), 256, 8, torch.float32)
+    logits = gemv_multi(h, [router_w, shared_gate])  # kept alive: the launch's buffer cannot reuse its memory
+    ref = route_topk(logits.reshape(-1), 256, 8, torch.float32)
     tiles = -(-257 // launch_config("dense", 257, 2048, 4, h.device).block_n)
     assert tiles > 1
     early = torch.full((1,), tiles - 1, dtype=torch.int32, device=DEVICE)
@@ -52,7 +54,7 @@ def test_a_tail_before_every_program_arrived_gives_other_bytes():
 
 def test_bad_calls_are_refused():
     h, router_w, shared_gate = _inputs(16, 32, torch.float32, seed=1)
-    counter = router_gemv.new_counter(h.device)
+    counter = new_counter(h.device)
     with pytest.raises(ValueError, match="h's dtype"):
         router_gemv.router_topk(h, router_w.half(), shared_gate, 4, torch.float32, counter)
     with pytest.raises(ValueError, match="shared_gate"):

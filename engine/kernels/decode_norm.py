@@ -50,7 +50,15 @@ def add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, H, x_strid
                         norm_stride, eps, part_stride, HAS_DELTA: tl.constexpr, ROUND: tl.constexpr,
                         BLOCK_H: tl.constexpr, PARTS: tl.constexpr, USE_GDC: tl.constexpr = False):
     gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
-    row = tl.program_id(0).to(tl.int64)
+    _add_rms_norm_row(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, tl.program_id(0).to(tl.int64), H, x_stride,
+                      delta_stride, new_x_stride, norm_stride, eps, part_stride, HAS_DELTA, ROUND, BLOCK_H, PARTS)
+
+
+@triton.jit
+def _add_rms_norm_row(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, row, H, x_stride, delta_stride, new_x_stride,
+                      norm_stride, eps, part_stride, HAS_DELTA: tl.constexpr, ROUND: tl.constexpr,
+                      BLOCK_H: tl.constexpr, PARTS: tl.constexpr):
+    """One row of add_rms_norm (also the tail of a producer's launch: gemv_norm)."""
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)

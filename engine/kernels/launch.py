@@ -81,6 +81,14 @@ def last_to_arrive(counter_ptr, programs, FENCE: tl.constexpr):
     return last
 
 
+def new_counter(device: torch.device) -> torch.Tensor:
+    """The arrival counter of last_to_arrive for one call site (int32, 0 between launches). Made before any
+    capture (an eager or warm-up step), never inside one."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("a launch counter must be made before CUDA-graph capture (run one step eagerly)")
+    return torch.zeros(1, device=device, dtype=torch.int32)
+
+
 def resident_programs(device: torch.device, threads: int, regs_per_thread: int) -> int:
     """Programs of `threads` threads at `regs_per_thread` registers that the whole device holds at once (one
     wave): the SMs times min(threads, registers, blocks) per SM, from the device's own limits (an H200 SM takes

@@ -43,21 +43,13 @@ def router_topk_kernel(x_ptr, logits_out_ptr, logits_ptr, w0, w1, n0, n1, p1, ti
         _route_tail(logits_ptr, weights_ptr, ids_ptr, shared_ptr, n0, TOP_K, BLOCK_E, WEIGHTS_BF16)
 
 
-def new_counter(device: torch.device) -> torch.Tensor:
-    """The arrival counter one call site of router_topk keeps (int32, 0 between launches). Made before any
-    capture (an eager or warm-up step), never inside one."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("router_topk's counter must be made before CUDA-graph capture (run one step eagerly)")
-    return torch.zeros(1, device=device, dtype=torch.int32)
-
-
 def router_topk(h: torch.Tensor, router_w: torch.Tensor, shared_gate: torch.Tensor, top_k: int,
                 weights_dtype: torch.dtype, counter: torch.Tensor, *, num_warps: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h [1, K]; router_w [E, K] and shared_gate [1, K], plain tensors of h's dtype -> (weights [1, k] in
     weights_dtype, ids [1, k] int64, shared_scale [1] fp32), the bytes of
-    route_topk(gemv_multi(h, [router_w, shared_gate]), E, k, weights_dtype). counter: new_counter(h.device),
-    one per call site. One launch, no host sync."""
+    route_topk(gemv_multi(h, [router_w, shared_gate]), E, k, weights_dtype). counter:
+    launch.new_counter(h.device), one per call site. One launch, no host sync."""
     for w in (router_w, shared_gate):
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != h.dtype:
             raise ValueError(f"router_topk takes plain [N, K] weights in h's dtype {h.dtype}")
@@ -68,7 +60,7 @@ def router_topk(h: torch.Tensor, router_w: torch.Tensor, shared_gate: torch.Tens
     if not 1 <= top_k <= e:
         raise ValueError(f"top_k {top_k} must be in 1..{e}")
     if counter.dtype != torch.int32 or counter.numel() != 1 or counter.device != h.device:
-        raise ValueError("counter must be new_counter(h.device): one int32 on h's device")
+        raise ValueError("counter must be launch.new_counter(h.device): one int32 on h's device")
     round_code(weights_dtype)
     cfg = launch_config(DENSE, e + 1, k, h.element_size(), h.device)
     if num_warps is not None:

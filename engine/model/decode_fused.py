@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..kernels import router_gemv
+from ..kernels import gemv_norm, router_gemv
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
 from ..kernels.gemv_multi import gemv, gemv_multi
-from ..kernels.launch import programmatic_launch
+from ..kernels.launch import new_counter, programmatic_launch
 from ..kernels.nvfp4_experts_decode import expert_gate_up, nvfp4_triples
 from ..kernels.nvfp4_experts_parts import expert_down_parts
 from ..quant.linear import QuantLinear
@@ -65,16 +65,18 @@ def _out_features(weight) -> int:
 
 
 def gdn_decode(mixer: "GatedDeltaNet", h: torch.Tensor, state: "SequenceState") -> torch.Tensor:
+    """The GDN mixer's output activation [1, V * heads], before its out_proj."""
     c = mixer.cfg
     qkv, z, b, a = project(h, [mixer.in_proj_qkv, mixer.in_proj_z, mixer.in_proj_b, mixer.in_proj_a])
     out = gdn_decode_step(qkv[0], z[0], b[0], a[0], state.conv[mixer.layer], mixer.conv_w, mixer.neg_a,
                           mixer.dt_bias, state.recurrent[mixer.layer], mixer.norm_w, mixer.eps,
                           c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim)
-    return gemv(out.view(1, -1), mixer.out_proj)
+    return out.view(1, -1)
 
 
 def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.Tensor, state: "SequenceState",
                      start: int) -> torch.Tensor:
+    """The gated attention output [1, heads * head_dim], before its o_proj."""
     a = mixer.cfg
     q_gate, k, v = project(h, [mixer.q_proj, mixer.k_proj, mixer.v_proj])
     if getattr(mixer, "inv_freq", None) is None:  # made on the first (eager) call, never inside a capture
@@ -91,7 +93,7 @@ def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.
     else:
         out = backend.attend(kv, q.view(1, *q.shape), k.view(1, *k.shape), v.view(1, *v.shape), positions, start,
                              True).reshape(1, -1)
-    return gemv(sigmoid_gate_mul(out, gate, dest=out), mixer.o_proj)
+    return sigmoid_gate_mul(out, gate, dest=out)
 
 
 def _nvfp4_shared(moe: "SparseMoE") -> bool:
@@ -106,7 +108,7 @@ def _route(moe: "SparseMoE", h: torch.Tensor):
     plain = all(_format(g) == "dense" and g.dtype == h.dtype for g in gates)
     if router_gemv.FUSED and plain:  # one launch: the tail in the GEMV's last program (the same bytes)
         if getattr(moe, "route_counter", None) is None:  # made on the first (eager) call, never inside a capture
-            moe.route_counter = router_gemv.new_counter(h.device)
+            moe.route_counter = new_counter(h.device)
         return router_gemv.router_topk(h, *gates, moe.top_k, h.dtype, moe.route_counter)
     # Logits in the compute dtype, as the unfused router's F.linear gives them (top-k then agrees on near-ties).
     if _format(gates[0]) == _format(gates[1]):  # always so in the known checkpoints (both BF16): one launch
@@ -162,6 +164,15 @@ def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor,
         return _forward(model, ids, positions, state, start)
 
 
+def _project_add_norm(layer, act: torch.Tensor, proj, x: torch.Tensor, eps: float):
+    """The mixer's projection, then the residual add + post-attention RMSNorm: (new x, normed)."""
+    if gemv_norm.FUSED:  # one launch: the norm in the GEMV's last program
+        if getattr(layer, "post_norm_counter", None) is None:  # made on the first (eager) call, never captured
+            layer.post_norm_counter = new_counter(x.device)
+        return gemv_norm.gemv_add_rms_norm(act, proj, x, layer.post_norm, eps, layer.post_norm_counter)
+    return add_rms_norm(x, gemv(act, proj), layer.post_norm, eps)
+
+
 def _forward(model, ids, positions, state, start):
     eps = model.cfg.rms_norm_eps
     x = model.embed_ids(ids)
@@ -171,10 +182,10 @@ def _forward(model, ids, positions, state, start):
     for layer in model.layers:
         x, h = add_rms_norm(x, delta, layer.input_norm, eps)
         if layer.is_attention:
-            mixed = attention_decode(layer.mixer, h, positions, state, start)
+            act, proj = attention_decode(layer.mixer, h, positions, state, start), layer.mixer.o_proj
         else:
-            mixed = gdn_decode(layer.mixer, h, state)
-        x, h = add_rms_norm(x, mixed, layer.post_norm, eps)
+            act, proj = gdn_decode(layer.mixer, h, state), layer.mixer.out_proj
+        x, h = _project_add_norm(layer, act, proj, x, eps)
         delta = moe_decode(layer.moe, h, trace_ids[layer.moe.layer] if trace_ids is not None else None)
     return add_rms_norm(x, delta, model.norm, eps)[1]
 
