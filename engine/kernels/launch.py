@@ -81,12 +81,12 @@ def last_to_arrive(counter_ptr, programs, FENCE: tl.constexpr):
     return last
 
 
-def new_counter(device: torch.device) -> torch.Tensor:
-    """The arrival counter of last_to_arrive for one call site (int32, 0 between launches). Made before any
+def new_counter(device: torch.device, n: int = 1) -> torch.Tensor:
+    """The arrival counters of last_to_arrive for one call site (n int32s, 0 between launches). Made before any
     capture (an eager or warm-up step), never inside one."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("a launch counter must be made before CUDA-graph capture (run one step eagerly)")
-    return torch.zeros(1, device=device, dtype=torch.int32)
+    return torch.zeros(n, device=device, dtype=torch.int32)
 
 
 def resident_programs(device: torch.device, threads: int, regs_per_thread: int) -> int:

@@ -19,11 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_norm import round_code
 from .launch import gdc_prologue, pdl_launch
+from .nvfp4_triton import exact_out
+from .parts_norm import parts_norm_tail
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
 from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
 from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs
+
+BLOCK_M = 16  # outputs a program (the H200 sweep's best, docs/RESULTS.md session 6)
 
 
 @triton.jit
@@ -54,14 +59,17 @@ def _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I,
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
 def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words,
                              dn_at, dn_scale_at, glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr,
+                             x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm_ptr, counters_ptr, eps,
                              K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
                              HAS_ADDEND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
                              MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
                              GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False,
-                             PERSISTENT: tl.constexpr = False):
+                             PERSISTENT: tl.constexpr = False, NORM_TAIL: tl.constexpr = False,
+                             ROUND: tl.constexpr = 0, BLOCK_H: tl.constexpr = 16, FENCE: tl.constexpr = False):
     """Grid (output tiles, k + 1 experts). PERSISTENT (the whole row in one K step): grid (programs an expert,
     k + 1); program (q, j) takes the output tiles q, q + grid, ... of expert j with act[j]'s activations
-    loaded once: the same bytes as one program a tile."""
+    loaded once: the same bytes as one program a tile. NORM_TAIL (one program a tile, every part written): the
+    next residual add + RMSNorm in the launch's last programs (parts_norm.parts_norm_tail)."""
     gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     j = tl.program_id(1)  # 0..k-1 routed experts, k the shared one
     if PERSISTENT:
@@ -80,14 +88,18 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                    glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, None, None, None, K_ROUTED,
                    HAS_EXTRA, HAS_EXTRA_SCALE, HAS_ADDEND, BLOCK_M, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES,
                    False)
+        if NORM_TAIL:
+            parts_norm_tail(parts_ptr, x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm_ptr, counters_ptr, eps, H,
+                            tl.program_id(0), tl.num_programs(0), K_ROUTED + 1, BLOCK_M, ROUND, BLOCK_H, FENCE)
 
 
 def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int,
                       inter: int, extra: tuple | None = None, extra_scale: torch.Tensor | None = None,
                       addend: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
-                      write_shared: bool = True, block_m: int = 16,
+                      write_shared: bool = True, block_m: int = BLOCK_M,
                       block_g: int | None = None, num_warps: int = 2, decode: str | None = None,
-                      x_split: bool = True, group_scales: bool = True, programs: int | None = None) -> torch.Tensor:
+                      x_split: bool = True, group_scales: bool = True, programs: int | None = None,
+                      norm: tuple | None = None):
     """fp32 parts [k + 1, 1, H]: parts[j] = weights[0, j] * (down_j @ act[j]) for the row rows[ids[0, j]],
     parts[k] = extra_scale * (down_extra @ act[k]) with extra = (down_packed, down_scale, down_scale2), or
     addend [1, H] (any float dtype), or zeros. act fp32 [k (+1), I] (expert_gate_up's). One launch, grid
@@ -97,7 +109,10 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     then this with ids [1, 0], extra and out = parts[k:], i.e. the same programs' arithmetic.
     programs: at most this many persistent programs in all, spread over the experts, each taking one expert's
     output tiles in turn with its activations loaded once (the whole row in one K step only; None: the switch
-    nvfp4_experts_decode.PERSISTENT, one wave of them, else one program a tile). The same bytes either way."""
+    nvfp4_experts_decode.PERSISTENT, one wave of them, else one program a tile). The same bytes either way.
+    norm = (x [1, H], norm_w [H], eps, counters: launch.new_counter(device, H / block_m + 1)): the next residual
+    add + RMSNorm in this launch (parts_norm.py): returns (new_x, normed), add_rms_norm(x, parts, norm_w, eps)'s
+    (the norm within its order of sums), instead of the parts. One program a tile, every part written."""
     if extra is not None and addend is not None:
         raise ValueError("give the shared expert as extra (its down projection) or as addend, not both")
     words = _check(rows, hidden, inter)
@@ -116,15 +131,39 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     programs = requested_programs(programs, act.device, num_warps, bg * 16 >= inter)
     per_expert = max(1, (programs or 0) // max(1, experts))
     persistent = programs is not None and per_expert < tiles
+    tail = _norm_tail(norm, act.device, hidden, tiles, write_shared and not persistent)
     expert_down_parts_kernel[(per_expert if persistent else tiles, experts)](
         act.contiguous(), weights.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out,
         hidden, inter, words.stride(0), off["dn_at"], off["dn_scale_at"], off["glob_at"], *down, scale,
-        addend.reshape(-1).contiguous() if addend is not None else act,
+        addend.reshape(-1).contiguous() if addend is not None else act, *tail["args"],
         K_ROUTED=k, HAS_EXTRA=extra is not None, HAS_EXTRA_SCALE=extra_scale is not None,
         HAS_ADDEND=addend is not None, BLOCK_M=block_m, BLOCK_G=bg,
         MASKED=hidden % block_m != 0 or (inter // 16) % bg != 0, DECODE=_decode(decode, rows), X_SPLIT=x_split,
-        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **pdl_launch(act.device))
-    return out
+        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **tail["consts"],
+        **pdl_launch(act.device))
+    return tail["result"] if norm is not None else out
+
+
+def _norm_tail(norm: tuple | None, device, hidden: int, tiles: int, possible: bool) -> dict:
+    """The kernel's norm-tail arguments (placeholders without one) and what the call returns with one."""
+    if norm is None:
+        dummy = torch.empty(1, device=device, dtype=torch.float32)
+        return {"args": (dummy,) * 6 + (0.0,), "consts": {}, "result": None}
+    x, norm_w, eps, counters = norm
+    if not possible:
+        raise ValueError("the norm tail needs one program a tile with every part written (write_shared, not "
+                         "persistent programs)")
+    if x.shape != (1, hidden) or not x.is_contiguous() or norm_w.shape != (hidden,):
+        raise ValueError(f"norm needs x [1, {hidden}] contiguous and norm_w [{hidden}], got {tuple(x.shape)} and "
+                         f"{tuple(norm_w.shape)}")
+    if counters.dtype != torch.int32 or counters.numel() != tiles + 1 or counters.device != x.device:
+        raise ValueError(f"norm's counters must be launch.new_counter(device, {tiles + 1}): one int32 an output "
+                         f"tile and one for the row")
+    new_x, normed = torch.empty_like(x), torch.empty_like(x)
+    return {"args": (x, norm_w, exact_out(new_x), new_x, exact_out(normed), counters, eps),
+            "consts": dict(NORM_TAIL=True, ROUND=round_code(x.dtype), BLOCK_H=triton.next_power_of_2(hidden),
+                           FENCE=device.type == "cuda"),
+            "result": (new_x, normed)}
 
 
 def expert_down_parts_reference(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,

@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import triton
 
-from ..kernels import gemv_norm, router_gemv
+from ..kernels import gemv_norm, parts_norm, router_gemv
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
@@ -28,6 +29,7 @@ from ..kernels.gemv_multi import gemv, gemv_multi
 from ..kernels.launch import new_counter, programmatic_launch
 from ..kernels.nvfp4_experts_decode import expert_gate_up, nvfp4_triples
 from ..kernels.nvfp4_experts_parts import expert_down_parts
+from ..kernels.nvfp4_experts_parts import BLOCK_M as PARTS_BLOCK_M
 from ..quant.linear import QuantLinear
 from ..quant.scheme import NVFP4
 from .ops import swiglu
@@ -118,9 +120,22 @@ def _route(moe: "SparseMoE", h: torch.Tensor):
     return route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
 
 
-def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """trace_ids: this layer's row of a benchmark routing trace (RoutingTrace.one_token_ids), replacing the
-    router's ids (its weights are kept)."""
+def _norm_tail(moe: "SparseMoE", next_norm: tuple | None, hidden: int) -> tuple | None:
+    """expert_down_parts' norm= for the next residual add + RMSNorm (parts_norm.FUSED), with this layer's
+    counters (made on the first, eager, call: never inside a capture)."""
+    if not parts_norm.FUSED or next_norm is None:
+        return None
+    if getattr(moe, "norm_counters", None) is None:
+        moe.norm_counters = new_counter(next_norm[0].device, triton.cdiv(hidden, PARTS_BLOCK_M) + 1)
+    return (*next_norm, moe.norm_counters)
+
+
+def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None = None,
+               next_norm: tuple | None = None):
+    """The MoE's output as a delta for the next add_rms_norm (a tensor, or fp32 parts [k + 1, 1, H]), or, where
+    next_norm = (x, norm_w, eps) is given and the down projection can take it (parts_norm.FUSED, serial NVFP4
+    launch), that norm already done: (new_x, normed). trace_ids: this layer's row of a benchmark routing trace
+    (RoutingTrace.one_token_ids), replacing the router's ids (its weights are kept)."""
     weights, ids, shared_scale = _route(moe, h)
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
@@ -135,7 +150,7 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None
             copy()
             act = expert_gate_up(h, slots, rows, cfg_h, cfg_i, extra=gate_up_extra)
             return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
-                                     extra_scale=shared_scale)
+                                     extra_scale=shared_scale, norm=_norm_tail(moe, next_norm, cfg_h))
         # The shared expert apart (on its stream beside the miss copy): the same two kernels' programs with no
         # routed experts, writing the last part, so the bytes are those of the serial launch.
         k = slots.shape[-1]
@@ -179,15 +194,20 @@ def _forward(model, ids, positions, state, start):
     delta = None
     trace = model.routing
     trace_ids = trace.one_token_ids() if trace is not None else None
-    for layer in model.layers:
-        x, h = add_rms_norm(x, delta, layer.input_norm, eps)
+    layers = model.layers
+    normed = None  # the next norm, where the MoE's launch did it (parts_norm.FUSED)
+    for i, layer in enumerate(layers):
+        x, h = add_rms_norm(x, delta, layer.input_norm, eps) if normed is None else (x, normed)
         if layer.is_attention:
             act, proj = attention_decode(layer.mixer, h, positions, state, start), layer.mixer.o_proj
         else:
             act, proj = gdn_decode(layer.mixer, h, state), layer.mixer.out_proj
         x, h = _project_add_norm(layer, act, proj, x, eps)
-        delta = moe_decode(layer.moe, h, trace_ids[layer.moe.layer] if trace_ids is not None else None)
-    return add_rms_norm(x, delta, model.norm, eps)[1]
+        next_w = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
+        out = moe_decode(layer.moe, h, trace_ids[layer.moe.layer] if trace_ids is not None else None,
+                         next_norm=(x, next_w, eps))
+        (x, normed), delta = (out, None) if isinstance(out, tuple) else ((x, None), out)
+    return normed if normed is not None else add_rms_norm(x, delta, model.norm, eps)[1]
 
 
 def logits(model: "Qwen35MoeModel", hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,46 @@
+"""The next residual add + RMSNorm as the tail of the MoE down projection's launch (expert_down_parts with
+norm=): the parts' sum and the new residual by each output tile's last expert program, the norm by the last
+tile's.
+
+Why: after the MoE, add_rms_norm(x, parts, next norm) was a launch of one program: 2.55 us a layer on the H200
+(40 a step, docs/RESULTS.md session 9). Its work splits in two levels that need no launch of their own:
+  1. tile m's k + 1 expert programs count their arrival on the tile's counter; the last adds the tile's parts
+     in order 0..k in fp32, rounds once, adds x and rounds (add_rms_norm's arithmetic, element by element:
+     the same bytes) and writes the tile of the new residual;
+  2. each tile's writer counts on the row's counter; the last reads the whole new residual and runs
+     add_rms_norm's row code without a delta (decode_norm._add_rms_norm_row): rstd's sum is laid out by this
+     launch's warps, so on a GPU it may be added in another order than the norm kernel's (an ulp of the
+     normed output at most where it does; the interpreter sums in one order: there it is byte-equal).
+Counters: one int32 per output tile and one for the row (launch.new_counter(device, tiles + 1)), all 0
+between launches (each level's last arrival sets its counter back). Only the serial launch (the overlap's
+shared expert apart writes its part in another launch) and one program a tile.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .decode_norm import _add_rms_norm_row, _round_as
+from .launch import last_to_arrive
+from .nvfp4_triton import _store_exact
+
+FUSED = False  # off until its GPU A/B (profile_decode arm "partsnorm")
+
+
+@triton.jit
+def parts_norm_tail(parts_ptr, x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm_ptr, counters_ptr, eps, H,
+                    tile, tiles, KP: tl.constexpr, BLOCK_M: tl.constexpr, ROUND: tl.constexpr,
+                    BLOCK_H: tl.constexpr, FENCE: tl.constexpr):
+    """After an expert program stored parts[j, tile's outputs]: the two levels above. new_x_out_ptr: the new
+    residual as _store_exact writes it (bf16 as int16 bits); new_x_ptr: the same bytes in their own dtype."""
+    if last_to_arrive(counters_ptr + tile, KP, FENCE):
+        m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = m < H
+        delta = tl.load(parts_ptr + m, mask=mask, other=0.0)
+        for p in tl.static_range(1, KP):  # the parts in order, as add_rms_norm adds a 3-D delta
+            delta += tl.load(parts_ptr + p * H + m, mask=mask, other=0.0)
+        x = tl.load(x_ptr + m, mask=mask, other=0.0).to(tl.float32)
+        _store_exact(new_x_out_ptr + m, _round_as(x + _round_as(delta, ROUND), ROUND), mask, ROUND == 1)
+        if last_to_arrive(counters_ptr + tiles, tiles, FENCE):
+            _add_rms_norm_row(new_x_ptr, new_x_ptr, norm_w_ptr, new_x_ptr, norm_ptr, 0, H, 0, 0, 0, 0, eps, 0,
+                              False, ROUND, BLOCK_H, 0)

@@ -1,0 +1,112 @@
+"""The next residual add + RMSNorm as the tail of the MoE down projection's launch (expert_down_parts with
+norm=, kernels/parts_norm.py) against the parts then add_rms_norm: the new residual byte for byte, the normed
+row byte for byte in the interpreter (one order of sums) and within an ulp on a GPU; masked output tiles; twice
+through one set of counters; a negative control (a row counter that says all but one tile are in makes the
+norm read a residual the others have not written); the refusals; the fused decode step's logits with the switch
+on and off. Interpreter on the CPU, natively on a GPU."""
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from qwenlocal.engine import Engine  # noqa: E402
+from qwenlocal.engine.kernels import parts_norm  # noqa: E402
+from qwenlocal.engine.kernels.decode_norm import add_rms_norm  # noqa: E402
+from qwenlocal.engine.kernels.launch import new_counter  # noqa: E402
+from qwenlocal.engine.kernels.nvfp4_experts_parts import expert_down_parts  # noqa: E402
+from qwenlocal.engine.quant.convert import quantize_checkpoint  # noqa: E402
+from test_kernels_nvfp4_experts_decode import DEVICE, _dev, _problem  # noqa: E402
+
+EPS = 1e-6
+
+
+def _case(hidden, inter, experts, ids, dtype, seed):
+    _, weights, ids_t, rows, shared, scale, _ = _problem(hidden, inter, experts, ids, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    act = torch.randn(len(ids) + 1, inter, generator=gen)
+    x = (torch.randn(1, hidden, generator=gen) * 2).to(dtype)
+    norm_w = (0.3 * torch.randn(hidden, generator=gen)).to(dtype)
+    args = (*_dev(act, weights, ids_t, rows), hidden, inter, _dev(shared[2])[0], _dev(scale)[0])
+    return args, *_dev(x, norm_w)
+
+
+def _assert_bytes(got, ref, dtype):
+    assert torch.equal(got[0], ref[0])  # the residual: the parts' sum in order and x, element by element
+    if DEVICE == "cpu":
+        assert torch.equal(got[1], ref[1])
+    else:  # rstd's sum may go in another order: an ulp of the output dtype
+        ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -22
+        assert ((got[1].float() - ref[1].float()).abs() <= ulp * ref[1].float().abs() + 1e-6).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hidden, inter, experts, ids, block_m", [(96, 48, 7, [2, 5, 2], 16),
+                                                                  (160, 80, 6, [5, 0, 3, 3, 1], 64)])  # 64: a masked tile
+def test_the_norm_tail_gives_the_bytes_of_the_parts_then_add_rms_norm(hidden, inter, experts, ids, block_m, dtype):
+    args, x, norm_w = _case(hidden, inter, experts, ids, dtype, seed=hidden)
+    ref = add_rms_norm(x, expert_down_parts(*args, block_m=block_m), norm_w, EPS)
+    counters = new_counter(x.device, -(-hidden // block_m) + 1)
+    for _ in range(2):  # the counters are back at 0: the second launch's tail runs as the first's did
+        got = expert_down_parts(*args, block_m=block_m, norm=(x, norm_w, EPS, counters))
+        _assert_bytes(got, ref, dtype)
+        assert not counters.any()
+
+
+def test_a_norm_before_every_tile_arrived_gives_other_bytes():
+    """Negative control: the row counter preset to all tiles but one: the first tile to finish runs the norm
+    over a residual the other tiles have not written yet (what the row's count guards)."""
+    hidden = 96
+    args, x, norm_w = _case(hidden, 48, 7, [2, 5, 2], torch.float32, seed=4)
+    parts = expert_down_parts(*args)
+    ref = add_rms_norm(x, parts, norm_w, EPS)  # kept alive: the launch's buffers cannot reuse their memory
+    tiles = -(-hidden // 16)
+    counters = new_counter(x.device, tiles + 1)
+    counters[tiles] = tiles - 1
+    got = expert_down_parts(*args, norm=(x, norm_w, EPS, counters))
+    assert torch.equal(got[0][:, :16], ref[0][:, :16])  # tile 0's residual is its own, written before its count
+    assert not torch.equal(got[1], ref[1])
+
+
+def test_bad_norm_tails_are_refused():
+    args, x, norm_w = _case(96, 48, 7, [2, 5, 2], torch.float32, seed=5)
+    good = new_counter(x.device, 96 // 16 + 1)
+    with pytest.raises(ValueError, match="counters"):
+        expert_down_parts(*args, norm=(x, norm_w, EPS, new_counter(x.device, 3)))
+    with pytest.raises(ValueError, match="x \\[1, 96\\]"):
+        expert_down_parts(*args, norm=(x[:, :48].contiguous(), norm_w, EPS, good))
+    with pytest.raises(ValueError, match="one program a tile"):
+        expert_down_parts(*args[:6], write_shared=False, norm=(x, norm_w, EPS, good))
+    with pytest.raises(ValueError, match="one program a tile"):
+        expert_down_parts(*args, programs=4, norm=(x, norm_w, EPS, good))
+
+
+@pytest.fixture(scope="module")
+def quantized_ckpt(tiny_ckpt, tmp_path_factory):
+    return quantize_checkpoint(tiny_ckpt, tmp_path_factory.mktemp("parts-norm"))
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the GPU tier: tests/test_gpu_decode_fused.py's switch gates")
+def test_the_fused_step_gives_the_same_logits_with_the_norm_in_the_down_projection(quantized_ckpt, monkeypatch):
+    """The tiny quantized checkpoint (NVFP4 experts and shared expert), fused decode, the switch off then on:
+    every layer's MoE launch does the next norm (the last layer's: the final norm)."""
+    ids = torch.randint(0, 600, (16 + 2,), generator=torch.Generator().manual_seed(8))
+    layers = []
+
+    def run():
+        eng = Engine.from_pretrained(quantized_ckpt, device="cpu", options={
+            "prefill_chunk": 16, "expert_format": "nvfp4", "linear_format": "native"})
+        eng.model.kernels = dataclasses.replace(eng.model.kernels, fused_decode=True)
+        layers.append(len(eng.model.layers))
+        return eng.score(ids, prefill=16)
+
+    calls = []
+    off = run()
+    monkeypatch.setattr(parts_norm, "FUSED", True)
+    from qwenlocal.engine.model import decode_fused
+    real_tail = decode_fused._norm_tail
+    monkeypatch.setattr(decode_fused, "_norm_tail", lambda *a: calls.append(1) or real_tail(*a))
+    on = run()
+    assert len(calls) == (len(ids) - 16) * layers[-1]
+    assert torch.isfinite(on).all() and torch.equal(on, off)
