@@ -71,3 +71,21 @@ def test_fused_decode_with_the_shared_expert_apart_is_byte_equal_to_serial(quant
     serial = _engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24)
     apart = _engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24)
     assert torch.equal(serial, apart)
+
+
+def test_every_one_launch_tail_together_gives_the_same_logits(quantized_ckpt, monkeypatch):
+    """The four tail switches at once (router top-k in its GEMV, the post-mixer norm in out_proj / o_proj, the
+    next norm in the MoE down projection, GDN's norm and shift in its step): in the interpreter each is the
+    same bytes, so together they are too; three decode steps carry every state and counter across steps."""
+    from qwenlocal.engine.kernels import gdn_decode, gemv_norm, parts_norm, router_gemv
+
+    ids = torch.randint(0, 600, (24 + 3,), generator=torch.Generator().manual_seed(5))
+    off = _engine(quantized_ckpt, True).score(ids, prefill=24)
+    for module, attr in ((router_gemv, "FUSED"), (gemv_norm, "FUSED"), (parts_norm, "FUSED"),
+                         (gdn_decode, "NORM_SHIFT_TAIL")):
+        monkeypatch.setattr(module, attr, True)
+    eng = _engine(quantized_ckpt, True)
+    on = eng.score(ids, prefill=24)
+    assert torch.isfinite(on).all() and torch.equal(on, off)
+    moe = eng.model.layers[0].moe
+    assert moe.route_counter is not None and moe.norm_counters is not None  # the tails did run

@@ -94,20 +94,26 @@ def test_both_fp8_paths_are_at_the_bf16_level_of_the_unfused_step(monkeypatch, f
     assert (fused[64:].argmax(-1) == unfused[64:].argmax(-1)).float().mean() >= 0.9
 
 
-@pytest.mark.parametrize("modules", [("gemv_norm",), ("parts_norm",), ("gemv_norm", "parts_norm", "router_gemv")])
-def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(modules, monkeypatch):
-    """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch) and parts_norm.FUSED (the
-    next add + RMSNorm in the MoE down projection's launch): their norms may sum in another order than
-    add_rms_norm's kernel, so the gate is the bf16 level against the unfused step, and graph replay byte-equal
-    to eager over 190 steps (with programmatic launch); all the one-launch tails together too."""
+TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"),
+         "gdntail": ("gdn_decode", "NORM_SHIFT_TAIL"), "router": ("router_gemv", "FUSED")}
+
+
+@pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "gemvnorm+partsnorm+gdntail+router"])
+def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
+    """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
+    next add + RMSNorm in the MoE down projection's launch), gdn_decode.NORM_SHIFT_TAIL (GDN's gated norm and
+    conv shift in its step's launch): their norms may sum in another order than the norm kernels', so the gate
+    is the bf16 level against the unfused step, and graph replay byte-equal to eager over 190 steps (with
+    programmatic launch); all the one-launch tails together too."""
     import importlib
 
     ref = "synthetic:small-nvfp4"
     ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(36))
     unfused = build(ref, decode_kernels="reference").score(ids[:104], prefill=64)
     cpu = Engine.from_pretrained(ref, device="cpu", options={"prefill_chunk": CHUNK}).score(ids[:104], prefill=64)
-    for module in modules:
-        monkeypatch.setattr(importlib.import_module(f"qwenlocal.engine.kernels.{module}"), "FUSED", True)
+    for name in tails.split("+"):
+        module, attr = TAILS[name]
+        monkeypatch.setattr(importlib.import_module(f"qwenlocal.engine.kernels.{module}"), attr, True)
     graphs, eager = build(ref, decode_kernels="fused-pdl"), build(ref, decode_kernels="fused-pdl", cuda_graphs=False)
     a, b = graphs.score(ids, prefill=64), eager.score(ids, prefill=64)
     assert torch.isfinite(a).all() and torch.equal(a, b)

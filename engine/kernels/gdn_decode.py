@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .launch import gdc_prologue, pdl_launch
+from .launch import gdc_prologue, last_to_arrive, pdl_launch
 from ..model.ops import rms_norm_gated
 from .gdn_torch import causal_conv1d, gdn_core_torch
 
@@ -111,13 +111,14 @@ def _gated_rms_norm(o, zr, w, mask, V, eps, DT: tl.constexpr, WDT: tl.constexpr)
 @triton.jit
 def gdn_step_kernel(
     qkv_ptr, z_ptr, b_ptr, a_ptr, cs_ptr, cw_ptr, nega_ptr, dtb_ptr, state_ptr, normw_ptr, o_ptr,
-    cs_stride, cw_stride, key_dim, K, V, REP, HEADS_PER, scale, eps,
+    cs_stride, cw_stride, key_dim, K, V, REP, HEADS_PER, scale, eps, out_ptr, counters_ptr,
     W: tl.constexpr, WF: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     ONE_LAUNCH: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr,
-    USE_GDC: tl.constexpr = False,
+    USE_GDC: tl.constexpr = False, TAIL: tl.constexpr = False, BVF: tl.constexpr = 16, FENCE: tl.constexpr = False,
 ):
     """Program (p, t): value heads p * HEADS_PER + [0, HEADS_PER) (all of one key head's if ONE_LAUNCH, else
-    one), V columns [t * BV, t * BV + BV). o_ptr: the output (ONE_LAUNCH, normed) or the o scratch."""
+    one), V columns [t * BV, t * BV + BV). o_ptr: the output (ONE_LAUNCH, normed) or the o scratch. TAIL (one
+    head a program): gdn_norm_shift's work in this launch, by the last programs to arrive (_norm_shift_tail)."""
     gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     pid, pid_v = tl.program_id(0), tl.program_id(1)
     r = tl.arange(0, HP)
@@ -165,6 +166,33 @@ def gdn_step_kernel(
         w = tl.load(normw_ptr + offs_v, mask=vmask, other=0.0).to(tl.float32)[None, :]
         o = _gated_rms_norm(o, zr, w, hv_mask, V, eps, DT, WDT)
     tl.store(o_ptr + hv, o, mask=hv_mask)
+    if TAIL:
+        _norm_shift_tail(qkv_ptr, z_ptr, o_ptr, normw_ptr, out_ptr, cs_ptr, counters_ptr, cs_stride, key_dim, K,
+                         V, REP, pid, kh, eps, tl.num_programs(0), tl.num_programs(1), W, WF, BK, BVF, DT, WDT,
+                         FENCE)
+
+
+@triton.jit
+def _norm_shift_tail(qkv_ptr, z_ptr, o_ptr, normw_ptr, out_ptr, cs_ptr, counters_ptr, cs_stride, key_dim, K, V,
+                     REP, h, kh, eps, HV, TILES, W: tl.constexpr, WF: tl.constexpr, BK: tl.constexpr,
+                     BVF: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr, FENCE: tl.constexpr):
+    """Value head h's last V-tile program: head h's gated RMSNorm from the o scratch into out, and the shift of
+    its v channels (only its own tiles read them); then, the last of key head kh's REP value heads: the shift of
+    kh's q and k channels (read by all of those heads' tiles). Counters: [HV] per value head, then [Hk] per key
+    head, 0 between launches. Every channel is shifted by one program, after every read of it has arrived."""
+    if last_to_arrive(counters_ptr + h, TILES, FENCE):
+        offs_v = tl.arange(0, BVF)[None, :]
+        vmask = offs_v < V
+        o = tl.load(o_ptr + h * V + offs_v, mask=vmask, other=0.0).to(tl.float32)
+        zr = _round(tl.load(z_ptr + h * V + offs_v, mask=vmask, other=0.0).to(tl.float32), DT)
+        w = tl.load(normw_ptr + offs_v, mask=vmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + h * V + offs_v, _gated_rms_norm(o, zr, w, vmask, V, eps, DT, WDT), mask=vmask)
+        _shift_conv_state(qkv_ptr, cs_ptr, 2 * key_dim + h * V + offs_v, vmask, cs_stride, W, WF, DT)
+        if last_to_arrive(counters_ptr + HV + kh, REP, FENCE):
+            offs_k = tl.arange(0, BK)[None, :]
+            kmask = offs_k < K
+            _shift_conv_state(qkv_ptr, cs_ptr, kh * K + offs_k, kmask, cs_stride, W, WF, DT)
+            _shift_conv_state(qkv_ptr, cs_ptr, key_dim + kh * K + offs_k, kmask, cs_stride, W, WF, DT)
 
 
 @triton.jit
@@ -195,6 +223,11 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(0) == 1 else x.contiguous()
 
 
+# gdn_norm_shift's work as the step kernel's tail (decode_fused passes the counters): off until its GPU A/B
+# (profile_decode arm "gdntail"); the same bytes in the interpreter.
+NORM_SHIFT_TAIL = False
+
+
 def default_config(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int) -> dict:
     """The launch parameters gdn_decode_step uses unless told: a pure function of the shapes."""
     return dict(one_launch=False, block_v=min(32, triton.next_power_of_2(v_dim)), num_warps=4, norm_warps=4)
@@ -205,12 +238,15 @@ def gdn_decode_step(
     conv_w: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, norm_w: torch.Tensor,
     eps: float, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, out: torch.Tensor | None = None, *,
     one_launch: bool | None = None, block_v: int | None = None, num_warps: int | None = None,
-    norm_warps: int | None = None,
+    norm_warps: int | None = None, counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode token: mixed_qkv [conv_dim], z [Hv*V], b, a [Hv] (compute dtype or fp32; unit-stride views
     are fine) -> out [Hv*V] in the compute dtype (= conv_state.dtype). Updates conv_state [conv_dim, W-1] and
     the fp32 state [Hv, K, V] in place. conv_w [conv_dim, W] (or [conv_dim, 1, W]); neg_a = -exp(A_log),
-    dt_bias [Hv]; norm_w [V]. No host syncs (CUDA-graph safe). Launch keywords default to default_config."""
+    dt_bias [Hv]; norm_w [V]. No host syncs (CUDA-graph safe). Launch keywords default to default_config.
+    counters (launch.new_counter(device, Hv + Hk)): with the two-launch plan, the norm and the shift as the
+    step kernel's tail (one launch; the same bytes in the interpreter, the norm's sum by the step's warps on a
+    GPU) instead of gdn_norm_shift_kernel."""
     hk, hv, kd, vd = num_k_heads, num_v_heads, k_dim, v_dim
     key_dim, dtype = hk * kd, conv_state.dtype
     conv_dim = 2 * key_dim + hv * vd
@@ -235,15 +271,23 @@ def gdn_decode_step(
     if cfg["one_launch"]:
         gdn_step_kernel[(hk, 1)](
             qkv, z, b, a, conv_state, conv_w, neg_a, dt_bias, state, norm_w, out, *common, rep, kd ** -0.5, eps,
-            W=width, WF=wf, HP=triton.next_power_of_2(rep), BK=bk, BV=triton.next_power_of_2(vd), ONE_LAUNCH=True,
-            DT=dt, WDT=wdt, num_warps=cfg["num_warps"], **pdl_launch(state.device))
+            out, out, W=width, WF=wf, HP=triton.next_power_of_2(rep), BK=bk, BV=triton.next_power_of_2(vd),
+            ONE_LAUNCH=True, DT=dt, WDT=wdt, num_warps=cfg["num_warps"], **pdl_launch(state.device))
         return out
     bv = cfg["block_v"]
     o = torch.empty(hv * vd, device=state.device, dtype=dtype)
+    if counters is not None and (counters.dtype != torch.int32 or counters.numel() != hv + hk
+                                 or counters.device != state.device):
+        raise ValueError(f"counters must be launch.new_counter(device, {hv + hk}): one int32 a value head and "
+                         f"one a key head")
     gdn_step_kernel[(hv, triton.cdiv(vd, bv))](
         qkv, z, b, a, conv_state, conv_w, neg_a, dt_bias, state, norm_w, o, *common, 1, kd ** -0.5, eps,
+        out, counters if counters is not None else out,
         W=width, WF=wf, HP=1, BK=bk, BV=bv, ONE_LAUNCH=False, DT=dt, WDT=wdt, num_warps=cfg["num_warps"],
+        TAIL=counters is not None, BVF=triton.next_power_of_2(vd), FENCE=state.device.type == "cuda",
         **pdl_launch(state.device))
+    if counters is not None:
+        return out
     ch_per = triton.cdiv(conv_dim, hv)
     gdn_norm_shift_kernel[(hv,)](
         qkv, z, o, norm_w, out, conv_state, conv_state.stride(0), conv_dim, vd, ch_per, eps,

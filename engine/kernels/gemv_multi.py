@@ -155,8 +155,9 @@ class GemvConfig:
     l2_ahead: int = 0  # persistent: ask L2 for the tile this many turns ahead (0: no prefetch; CUDA only)
 
 
-# The L2 prefetch of the weights ahead of the programmatic-launch wait (PDL only): off; its A/B on the H200
-# (profile_decode arm "fused-pdl/prefetch", session 9) was 1.05x the step. Not an engine option: no byte moves.
+# The L2 prefetch of the weights ahead of the programmatic-launch wait (PDL only): off; in its A/B on the H200
+# (profile_decode arm "fused-pdl/prefetch", session 9) the step was no faster (median round ratio 1.008). Not an
+# engine option: no byte moves.
 WEIGHT_PREFETCH = False
 # Persistent programs (one wave: the SMs times the programs one SM holds) with the rows L2_AHEAD turns ahead
 # asked of L2: off; the A/B on the H200 (profile_decode arm "fused-pdl/persistent", session 9) was 1.03x the

@@ -26,7 +26,8 @@ FUSED = False
 
 
 @triton.jit
-def router_topk_kernel(x_ptr, logits_out_ptr, logits_ptr, w0, w1, n0, n1, p1, tiles, counter_ptr, weights_ptr, ids_ptr, shared_ptr,
+def router_topk_kernel(x_ptr, logits_out_ptr, logits_ptr, w0, w1, n0, n1, p1, tiles, counter_ptr, weights_ptr,
+                       ids_ptr, shared_ptr,
                        K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
                        LOGITS_BF16: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
                        WEIGHTS_BF16: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr = False):

@@ -10,6 +10,11 @@ removes their CPU cost, not the 1-3 us each one takes on the GPU. Here one layer
   MoE:       router + shared-expert gate in one GEMV -> softmax/top-k/renormalise/sigmoid in one kernel ->
              ensure (offloaded) -> routed experts + the shared expert over NVFP4 bytes in two kernels (the
              down one leaves a part per expert; the next residual add + RMSNorm sums them in order)
+Four A/B switches (off until measured) fold a one-program launch into the tail of the launch before it, by the
+last program to arrive (kernels/launch.last_to_arrive): the router's top-k into its GEMV (router_gemv.FUSED),
+the post-mixer add + RMSNorm into out_proj / o_proj (gemv_norm.FUSED), the next add + RMSNorm into the serial
+MoE down projection (parts_norm.FUSED), GDN's gated norm and conv shift into its step
+(gdn_decode.NORM_SHIFT_TAIL).
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
@@ -21,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
+from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import gemv_norm, parts_norm, router_gemv
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
@@ -70,9 +76,14 @@ def gdn_decode(mixer: "GatedDeltaNet", h: torch.Tensor, state: "SequenceState") 
     """The GDN mixer's output activation [1, V * heads], before its out_proj."""
     c = mixer.cfg
     qkv, z, b, a = project(h, [mixer.in_proj_qkv, mixer.in_proj_z, mixer.in_proj_b, mixer.in_proj_a])
+    counters = None
+    if gdn_decode_mod.NORM_SHIFT_TAIL:  # the norm and conv shift in the step's launch (made eagerly, once)
+        if getattr(mixer, "step_counters", None) is None:
+            mixer.step_counters = new_counter(h.device, c.num_value_heads + c.num_key_heads)
+        counters = mixer.step_counters
     out = gdn_decode_step(qkv[0], z[0], b[0], a[0], state.conv[mixer.layer], mixer.conv_w, mixer.neg_a,
                           mixer.dt_bias, state.recurrent[mixer.layer], mixer.norm_w, mixer.eps,
-                          c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim)
+                          c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim, counters=counters)
     return out.view(1, -1)
 
 
