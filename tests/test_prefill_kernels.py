@@ -1,5 +1,6 @@
 """Prefill's small kernels in one Triton launch each (options.prefill_kernels=fused, opt-in on a GPU: the
-residual add + RMSNorms, GatedDeltaNet's causal conv + SiLU and its gated output norm), in Triton's interpreter
+residual add + RMSNorms, GatedDeltaNet's causal conv + SiLU and its gated output norm, the attention layers' q/k
+norms + RoPE and output gate), in Triton's interpreter
 on the CPU (natively on a GPU, the `small` model in bf16 there): each kernel against its torch reference on
 awkward sizes, every one run at every (layer, chunk) step, the logits at the torch path's level, and layer-major
 prefill byte-equal to chunked prefill with them."""
@@ -11,6 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from qwenlocal.engine import Engine  # noqa: E402
+from qwenlocal.engine.kernels import attention_prologue as prologue  # noqa: E402
 from qwenlocal.engine.kernels import decode_norm, gdn_conv, gdn_norm  # noqa: E402
 from qwenlocal.engine.kernels.gdn_torch import causal_conv1d  # noqa: E402
 from qwenlocal.engine.model.ops import rms_norm_gated  # noqa: E402
@@ -79,9 +81,36 @@ def test_conv_silu_split_matches_the_reference(t, dtype, nan_empty):
     assert torch.equal(new_state, ref_state)  # the last inputs, moved, not computed
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("t, heads, kvh, hd, rd", [(5, 3, 1, 48, 16), (2, 2, 2, 64, 64), (1, 1, 1, 20, 0)])
+def test_attention_prologue_rows_is_the_decode_prologue_at_each_token(t, heads, kvh, hd, rd, dtype, nan_empty):
+    """Each token's q and k are the decode prologue's for that token at its position, byte for byte (one
+    per-head code); positions far apart (RoPE's large angles)."""
+    gen = torch.Generator().manual_seed(t * heads + hd)
+    wide = (torch.randn(t, heads * 2 * hd + 8, generator=gen) * 2).to(dtype).to(DEVICE)
+    q_gate = wide[:, :heads * 2 * hd]  # stride-1 rows of a wider buffer, as a merged projection's slice
+    k = (torch.randn(t, kvh * hd, generator=gen) * 2).to(dtype).to(DEVICE)
+    qw, kw = ((0.2 * torch.randn(hd, generator=gen)).to(dtype).to(DEVICE) for _ in range(2))
+    positions = torch.tensor([0, 7, 4096, 100_000, 131_071][:t], device=DEVICE)
+    q, k_rot = prologue.attention_prologue_rows(q_gate, k, qw, kw, positions, 1e-6, heads, kvh, hd, rd, 1e7)
+    assert q.shape == (t, heads, hd) and k_rot.shape == (t, kvh, hd) and q.dtype == k_rot.dtype == dtype
+    v = torch.zeros(kvh * hd, device=DEVICE, dtype=dtype)
+    for i in range(t):
+        one_q, _, one_k, _ = prologue.attention_prologue(q_gate[i].contiguous(), k[i], v, qw, kw, positions[i:i + 1],
+                                                         1e-6, heads, kvh, hd, rd, 1e7)
+        assert torch.equal(q[i], one_q) and torch.equal(k_rot[i], one_k)
+
+
 def test_fused_prefill_kernels_run_at_every_step_and_stay_at_the_torch_level(ckpt, monkeypatch):
-    calls, gated, convs = [], [], []
+    calls, gated, convs, prologues = [], [], [], []
     real, real_gated, real_conv = decode_norm.add_rms_norm, gdn_norm.gated_rms_norm, gdn_conv.conv_silu_split
+    real_prologue = prologue.attention_prologue_rows
+
+    def counted_prologue(*args, **kwargs):
+        prologues.append(1)
+        return real_prologue(*args, **kwargs)
+
+    monkeypatch.setattr(prologue, "attention_prologue_rows", counted_prologue)
 
     def counted(*args, **kwargs):
         if args[0].shape[0] > 1:  # a prefill chunk's rows; a GPU engine's fused decode step (1 row) uses it too
@@ -108,6 +137,7 @@ def test_fused_prefill_kernels_run_at_every_step_and_stay_at_the_torch_level(ckp
     assert calls.count(False) == calls.count(True) == 3 * layers  # the input norm, then add + post norm
     gdn_layers = sum(not layer.is_attention for layer in eng.model.layers)
     assert len(gated) == len(convs) == 3 * gdn_layers  # GDN layers' conv and output norm
+    assert prologues and len(prologues) == 3 * (layers - gdn_layers)  # attention layers' q/k norms and RoPE
     assert torch.isfinite(got).all()
     rel = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
     assert rel < (1e-5 if DEVICE == "cpu" else 2e-2)  # fp32: ulps of rsqrt and the conv's order; bf16 level

@@ -67,6 +67,15 @@ def attention_prologue_kernel(qg_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, inv_freq_ptr
             dims = tl.arange(0, BLOCK_D)
             v = tl.load(v_ptr + kv * HEAD_DIM + dims, mask=dims < HEAD_DIM, other=0.0).to(tl.float32)
             _store_exact(v_out + at + kv * HEAD_DIM + dims, v, dims < HEAD_DIM, OUT_BF16)
+    _norm_rope_head(src, w_ptr, dst, pos_ptr, inv_freq_ptr, eps, HEAD_DIM, ROTARY_DIM, NORM_ROUND, OUT_BF16,
+                    LIBDEVICE, BLOCK_D)
+
+
+@triton.jit
+def _norm_rope_head(src, w_ptr, dst, pos_ptr, inv_freq_ptr, eps, HEAD_DIM, ROTARY_DIM, NORM_ROUND: tl.constexpr,
+                    OUT_BF16: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One head of one token: the zero-centred RMSNorm, rounded to NORM_ROUND, then partial NeoX RoPE at the
+    position at pos_ptr, stored at dst."""
     d = tl.arange(0, BLOCK_D)
     inside = d < HEAD_DIM
     x = tl.load(src + d, mask=inside, other=0.0).to(tl.float32)
@@ -85,6 +94,59 @@ def attention_prologue_kernel(qg_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, inv_freq_ptr
     c, s = _cos_sin(angle, LIBDEVICE)
     out = tl.where(rotated, xn * c + tl.where(low, -xp, xp) * s, xn)
     _store_exact(dst + d, out, inside, OUT_BF16)
+
+
+@triton.jit
+def attention_prologue_rows_kernel(qg_ptr, k_ptr, qw_ptr, kw_ptr, inv_freq_ptr, pos_ptr, q_out, k_out, eps, NUM_HEADS,
+                                   HEAD_DIM, ROTARY_DIM, QG_ROW, K_ROW, NORM_ROUND: tl.constexpr,
+                                   OUT_BF16: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (head, token): the decode kernel's per-head work for one token of a prefill chunk."""
+    head = tl.program_id(0)
+    tok = tl.program_id(1).to(tl.int64)
+    if head < NUM_HEADS:
+        src = qg_ptr + tok * QG_ROW + head * 2 * HEAD_DIM
+        w_ptr = qw_ptr
+        dst = q_out + (tok * NUM_HEADS + head) * HEAD_DIM
+    else:
+        kv = head - NUM_HEADS
+        src = k_ptr + tok * K_ROW + kv * HEAD_DIM
+        w_ptr = kw_ptr
+        dst = k_out + (tok * (tl.num_programs(0) - NUM_HEADS) + kv) * HEAD_DIM
+    _norm_rope_head(src, w_ptr, dst, pos_ptr + tok, inv_freq_ptr, eps, HEAD_DIM, ROTARY_DIM, NORM_ROUND, OUT_BF16,
+                    LIBDEVICE, BLOCK_D)
+
+
+def attention_prologue_rows(q_gate: torch.Tensor, k: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: torch.Tensor,
+                            positions: torch.Tensor, eps: float, num_heads: int, num_kv_heads: int, head_dim: int,
+                            rotary_dim: int, theta: float, *, num_warps: int = 2
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill chunk's tokens (prefill_kernels=fused): q_gate [T, heads * 2 * head_dim] and k [T, kv_heads *
+    head_dim] with stride-1 rows (the projections' outputs), positions int64 [T] -> (q [T, heads, head_dim],
+    k [T, kv_heads, head_dim]) contiguous in q_gate's dtype, normed and rotated as attention_prologue does one
+    token (its precision: the norm rounded as the reference's, RoPE in fp32). One launch, grid (heads +
+    kv_heads, T); the gate stays in q_gate (sigmoid_gate_mul takes its view)."""
+    t = q_gate.shape[0]
+    if q_gate.dim() != 2 or q_gate.shape[1] != num_heads * 2 * head_dim or q_gate.stride(1) != 1:
+        raise ValueError(f"q_gate must be [T, {num_heads * 2 * head_dim}] with stride-1 rows, got "
+                         f"{tuple(q_gate.shape)}")
+    if k.shape != (t, num_kv_heads * head_dim) or k.stride(1) != 1 or k.dtype != q_gate.dtype:
+        raise ValueError(f"k must be [{t}, {num_kv_heads * head_dim}] with stride-1 rows in q_gate's dtype, got "
+                         f"{k.dtype} {tuple(k.shape)}")
+    if positions.shape != (t,) or positions.dtype != torch.int64:
+        raise ValueError(f"positions must be int64 [{t}], got {positions.dtype} {tuple(positions.shape)}")
+    if rotary_dim % 2 or not 0 <= rotary_dim <= head_dim:
+        raise ValueError(f"rotary_dim {rotary_dim} must be even and <= head_dim {head_dim}")
+    dev, dtype = q_gate.device, q_gate.dtype
+    inv_freq = rope_inv_freq(rotary_dim, float(theta), dev) if rotary_dim else positions.new_zeros(1).float()
+    q = torch.empty(t, num_heads, head_dim, device=dev, dtype=dtype)
+    k_out = torch.empty(t, num_kv_heads, head_dim, device=dev, dtype=dtype)
+    if t:
+        attention_prologue_rows_kernel[(num_heads + num_kv_heads, t)](
+            q_gate, k, q_norm_w, k_norm_w, inv_freq, positions.contiguous(), exact_out(q), exact_out(k_out), eps,
+            num_heads, head_dim, rotary_dim, q_gate.stride(0), k.stride(0), NORM_ROUND=round_code(dtype),
+            OUT_BF16=dtype == torch.bfloat16, LIBDEVICE=dev.type == "cuda", BLOCK_D=triton.next_power_of_2(head_dim),
+            num_warps=num_warps)
+    return q, k_out
 
 
 def _flat(t: torch.Tensor, numel: int, name: str) -> torch.Tensor:

@@ -17,12 +17,15 @@ class GatedAttention:
     def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], kernels):
         p = f"layers.{layer}.self_attn."
         self.layer, self.cfg, self.eps, self.backend = layer, cfg.attention, cfg.rms_norm_eps, kernels.attention
+        self.kernels = kernels
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (w[p + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
         self.q_norm, self.k_norm = w[p + "q_norm.weight"], w[p + "k_norm.weight"]
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int,
                 decode: bool) -> torch.Tensor:
         a, t = self.cfg, x.shape[0]
+        if self.kernels.fused_prefill and not decode:  # prefill on a GPU: the glue in two Triton launches
+            return self._prefill_fused(x, positions, state, start)
         qg = linear(x, self.q_proj).view(t, a.num_heads, 2 * a.head_dim)
         q, gate = qg[..., : a.head_dim], qg[..., a.head_dim:].reshape(t, -1)
         q = rms_norm_zero_centered(q, self.q_norm, self.eps)
@@ -32,3 +35,18 @@ class GatedAttention:
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
         out = self.backend.attend(state.kv[self.layer], q, k, v, positions, start, decode).reshape(t, -1)
         return linear(out * torch.sigmoid(gate), self.o_proj)
+
+    def _prefill_fused(self, x: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int):
+        """forward's prefill with the q/k norms and RoPE in one launch (attention_prologue_rows) and the output
+        gate in one (sigmoid_gate_mul): ~45 torch ops a chunk fewer, the precision of the decode prologue."""
+        from ..kernels.attention_prologue import attention_prologue_rows  # Triton: Linux only, imported on use
+        from ..kernels.decode_norm import sigmoid_gate_mul
+
+        a, t = self.cfg, x.shape[0]
+        qg = linear(x, self.q_proj)
+        q, k = attention_prologue_rows(qg, linear(x, self.k_proj), self.q_norm, self.k_norm, positions, self.eps,
+                                       a.num_heads, a.num_kv_heads, a.head_dim, a.rotary_dim, a.rope_theta)
+        v = linear(x, self.v_proj).view(t, a.num_kv_heads, a.head_dim)
+        out = self.backend.attend(state.kv[self.layer], q, k, v, positions, start, False).reshape(t, -1)
+        gate = qg.view(t * a.num_heads, 2 * a.head_dim)[:, a.head_dim:]
+        return linear(sigmoid_gate_mul(out, gate, dest=out), self.o_proj)

@@ -27,7 +27,7 @@ class Kernels:
     experts_decode_nvfp4: Callable | None = None
     fused_decode: bool = False  # the batch-1 decode step runs the fused Triton kernels (options.decode_kernels)
     pdl: bool = False  # ... launched with programmatic dependent launch (decode "fused-pdl", sm_90+)
-    fused_prefill: bool = False  # prefill's norms and GDN conv in one Triton launch each (options.prefill_kernels)
+    fused_prefill: bool = False  # prefill's norms, GDN conv, q/k RoPE in a Triton launch each (prefill_kernels)
 
 
 # Head sizes FlashInfer ships/compiles attention kernels for, and fla's GDN kernels handle (resolve decides).
