@@ -12,6 +12,8 @@ Off until its GPU A/B (the module switch FUSED, profile_decode arm "router"); by
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -65,7 +67,7 @@ def router_topk(h: torch.Tensor, router_w: torch.Tensor, shared_gate: torch.Tens
     round_code(weights_dtype)
     cfg = launch_config(DENSE, e + 1, k, h.element_size(), h.device)
     if num_warps is not None:
-        cfg = type(cfg)(cfg.block_n, cfg.block_k, num_warps, cfg.warps_k)
+        cfg = dataclasses.replace(cfg, num_warps=num_warps)
     router_w, shared_gate = router_w.contiguous(), shared_gate.contiguous()
     logits = torch.empty(1, e + 1, device=h.device, dtype=h.dtype)
     weights = torch.empty(1, top_k, device=h.device, dtype=weights_dtype)
