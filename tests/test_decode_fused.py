@@ -74,15 +74,16 @@ def test_fused_decode_with_the_shared_expert_apart_is_byte_equal_to_serial(quant
 
 
 def test_every_one_launch_tail_together_gives_the_same_logits(quantized_ckpt, monkeypatch):
-    """The four tail switches at once (router top-k in its GEMV, the post-mixer norm in out_proj / o_proj, the
-    next norm in the MoE down projection, GDN's norm and shift in its step): in the interpreter each is the
-    same bytes, so together they are too; three decode steps carry every state and counter across steps."""
-    from qwenlocal.engine.kernels import gdn_decode, gemv_norm, parts_norm, router_gemv
+    """The four tail switches and the two-format GEMV at once (router top-k in its GEMV, the post-mixer norm in
+    out_proj / o_proj, the next norm in the MoE down projection, GDN's norm and shift in its step, in_proj_b + a
+    in the FP8 in_proj launch): in the interpreter each is the same bytes, so together they are too; three
+    decode steps carry every state and counter across steps."""
+    from qwenlocal.engine.kernels import gdn_decode, gemv_mixed, gemv_norm, parts_norm, router_gemv
 
     ids = torch.randint(0, 600, (24 + 3,), generator=torch.Generator().manual_seed(5))
     off = _engine(quantized_ckpt, True).score(ids, prefill=24)
     for module, attr in ((router_gemv, "FUSED"), (gemv_norm, "FUSED"), (parts_norm, "FUSED"),
-                         (gdn_decode, "NORM_SHIFT_TAIL")):
+                         (gdn_decode, "NORM_SHIFT_TAIL"), (gemv_mixed, "MIXED")):
         monkeypatch.setattr(module, attr, True)
     eng = _engine(quantized_ckpt, True)
     on = eng.score(ids, prefill=24)

@@ -14,7 +14,8 @@ Four A/B switches (off until measured) fold a one-program launch into the tail o
 last program to arrive (kernels/launch.last_to_arrive): the router's top-k into its GEMV (router_gemv.FUSED),
 the post-mixer add + RMSNorm into out_proj / o_proj (gemv_norm.FUSED), the next add + RMSNorm into the serial
 MoE down projection (parts_norm.FUSED), GDN's gated norm and conv shift into its step
-(gdn_decode.NORM_SHIFT_TAIL).
+(gdn_decode.NORM_SHIFT_TAIL). A fifth (gemv_mixed.MIXED) takes GDN's in_proj_b + a (BF16) into the FP8
+in_proj_qkv + z launch.
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
@@ -27,7 +28,7 @@ import torch
 import triton
 
 from ..kernels import gdn_decode as gdn_decode_mod
-from ..kernels import gemv_norm, parts_norm, router_gemv
+from ..kernels import gemv_mixed, gemv_norm, parts_norm, router_gemv
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
@@ -54,17 +55,21 @@ def _format(weight) -> str:
 
 def project(x: torch.Tensor, weights, out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
     """x [1, K] through several linears of the same input: one launch per run of equal-format weights
-    (stored formats kept: FP8/NVFP4 bytes or plain), returned as [1, N_i] views in order."""
+    (stored formats kept: FP8/NVFP4 bytes or plain), or one for two runs (gemv_mixed.MIXED), returned as
+    [1, N_i] views in order."""
+    runs: list[list] = []
+    for w in weights:
+        if runs and _format(runs[-1][0]) == _format(w):
+            runs[-1].append(w)
+        else:
+            runs.append([w])
+    if gemv_mixed.MIXED and len(runs) == 2 and max(map(len, runs)) <= gemv_mixed.MAX_PARTS:  # one launch
+        y = gemv_mixed.gemv_two_formats(x, runs[0], runs[1], out_dtype=out_dtype)
+        return list(y.split([_out_features(w) for w in weights], dim=-1))
     views: list[torch.Tensor] = []
-    i = 0
-    while i < len(weights):
-        j = i + 1
-        while j < len(weights) and _format(weights[j]) == _format(weights[i]):
-            j += 1
-        group = weights[i:j]
+    for group in runs:
         y = gemv_multi(x, group, out_dtype=out_dtype)
         views.extend(y.split([_out_features(w) for w in group], dim=-1))
-        i = j
     return views
 
 

@@ -1,0 +1,81 @@
+"""Linears of two storage formats in one launch (kernels/gemv_mixed.py) against gemv_multi of each format:
+the first format's rows byte for byte, the second's byte for byte in the interpreter (one order of sums) and
+within an ulp on a GPU (laid out by the launch's warps); FP8 / NVFP4 / dense pairs, one or two parts a side,
+awkward sizes; the refusals; the fused decode step's logits with the switch on and off (GDN's FP8 in_proj_qkv +
+z with its BF16 in_proj_b + a). Interpreter on the CPU, natively on a GPU."""
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from qwenlocal.engine import Engine  # noqa: E402
+from qwenlocal.engine.kernels import gemv_mixed  # noqa: E402
+from qwenlocal.engine.kernels.gemv_multi import gemv_multi  # noqa: E402
+from qwenlocal.engine.quant.convert import quantize_checkpoint  # noqa: E402
+from test_kernels_gemv_multi import make_part  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("fmt_a, ns_a, fmt_b, ns_b, k", [("fp8", (37, 5), "dense", (3, 3), 160),
+                                                          ("nvfp4", (20,), "dense", (7,), 96),
+                                                          ("dense", (9,), "fp8", (33, 2), 48),
+                                                          ("fp8", (64,), "nvfp4", (16, 5), 2048)])
+def test_two_formats_give_the_bytes_of_gemv_multi_of_each(fmt_a, ns_a, fmt_b, ns_b, k, x_dtype, nan_empty):
+    gen = torch.Generator().manual_seed(k + sum(ns_a) + sum(ns_b))
+    parts_a = [make_part(fmt_a, n, k, gen, dense_dtype=x_dtype) for n in ns_a]
+    parts_b = [make_part(fmt_b, n, k, gen, dense_dtype=x_dtype) for n in ns_b]
+    x = torch.randn(1, k, generator=gen).to(x_dtype).to(DEVICE)
+    got = gemv_mixed.gemv_two_formats(x, parts_a, parts_b)
+    ref_a, ref_b = gemv_multi(x, parts_a), gemv_multi(x, parts_b)
+    assert got.shape == (1, sum(ns_a) + sum(ns_b)) and got.dtype == x_dtype and torch.isfinite(got).all()
+    assert torch.equal(got[:, :sum(ns_a)], ref_a)
+    b = got[:, sum(ns_a):]
+    if DEVICE == "cpu":
+        assert torch.equal(b, ref_b)
+    else:
+        ulp = 2.0 ** -7 if x_dtype == torch.bfloat16 else 2.0 ** -20
+        assert ((b.float() - ref_b.float()).abs() <= 2 * ulp * ref_b.float().abs() + 1e-5).all()
+
+
+def test_bad_calls_are_refused():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 32, generator=gen).to(DEVICE)
+    dense, fp8 = make_part("dense", 4, 32, gen, torch.float32), make_part("fp8", 4, 32, gen)
+    with pytest.raises(ValueError, match="one format a call"):
+        gemv_mixed.gemv_two_formats(x, [dense], [dense])
+    with pytest.raises(ValueError, match="1 to 2"):
+        gemv_mixed.gemv_two_formats(x, [fp8, fp8, fp8], [dense])
+    with pytest.raises(ValueError, match="K = 48"):
+        gemv_mixed.gemv_two_formats(x, [fp8], [make_part("dense", 4, 48, gen, torch.float32)])
+
+
+@pytest.fixture(scope="module")
+def quantized_ckpt(tiny_ckpt, tmp_path_factory):
+    return quantize_checkpoint(tiny_ckpt, tmp_path_factory.mktemp("gemv-mixed"))
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the GPU tier: tests/test_gpu_decode_fused.py's switch gates")
+def test_the_fused_step_gives_the_same_logits_with_in_proj_in_one_launch(quantized_ckpt, monkeypatch):
+    ids = torch.randint(0, 600, (16 + 2,), generator=torch.Generator().manual_seed(10))
+    gdn_layers = []
+
+    def run():
+        eng = Engine.from_pretrained(quantized_ckpt, device="cpu", options={
+            "prefill_chunk": 16, "expert_format": "nvfp4", "linear_format": "native"})
+        eng.model.kernels = dataclasses.replace(eng.model.kernels, fused_decode=True)
+        gdn_layers.append(sum(not layer.is_attention for layer in eng.model.layers))
+        return eng.score(ids, prefill=16)
+
+    calls = []
+    real = gemv_mixed.gemv_two_formats
+    monkeypatch.setattr(gemv_mixed, "gemv_two_formats", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    off = run()
+    assert not calls
+    monkeypatch.setattr(gemv_mixed, "MIXED", True)
+    on = run()
+    assert len(calls) == (len(ids) - 16) * gdn_layers[-1] > 0  # every GDN layer's in_proj, one launch each
+    assert torch.isfinite(on).all() and torch.equal(on, off)
