@@ -96,16 +96,17 @@ def test_both_fp8_paths_are_at_the_bf16_level_of_the_unfused_step(monkeypatch, f
 
 TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"),
          "gdntail": ("gdn_decode", "NORM_SHIFT_TAIL"), "router": ("router_gemv", "FUSED"),
-         "mixed": ("gemv_mixed", "MIXED")}
+         "mixed": ("gemv_mixed", "MIXED"), "attn": ("attention_decode", "TRITON")}
 
 
-@pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed",
-                                   "gemvnorm+partsnorm+gdntail+router+mixed"])
+@pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn",
+                                   "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
     next add + RMSNorm in the MoE down projection's launch), gdn_decode.NORM_SHIFT_TAIL (GDN's gated norm and
     conv shift in its step's launch), gemv_mixed.MIXED (in_proj_b + a in the FP8 in_proj launch): their sums may
-    go in another order than the separate kernels', so the gate
+    go in another order than the separate kernels'; attention_decode.TRITON (the decode attention in one Triton
+    launch instead of FlashInfer's): other kernels altogether. So the gate
     is the bf16 level against the unfused step, and graph replay byte-equal to eager over 190 steps (with
     programmatic launch); all the one-launch tails together too."""
     import importlib

@@ -43,7 +43,7 @@ def _assert_bytes(got, ref, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hidden, inter, experts, ids, block_m", [(96, 48, 7, [2, 5, 2], 16),
-                                                                  (160, 80, 6, [5, 0, 3, 3, 1], 64)])  # 64: a masked tile
+                                                                  (160, 80, 6, [5, 0, 3, 3, 1], 64)])  # a masked tile
 def test_the_norm_tail_gives_the_bytes_of_the_parts_then_add_rms_norm(hidden, inter, experts, ids, block_m, dtype):
     args, x, norm_w = _case(hidden, inter, experts, ids, dtype, seed=hidden)
     ref = add_rms_norm(x, expert_down_parts(*args, block_m=block_m), norm_w, EPS)

@@ -15,7 +15,8 @@ last program to arrive (kernels/launch.last_to_arrive): the router's top-k into 
 the post-mixer add + RMSNorm into out_proj / o_proj (gemv_norm.FUSED), the next add + RMSNorm into the serial
 MoE down projection (parts_norm.FUSED), GDN's gated norm and conv shift into its step
 (gdn_decode.NORM_SHIFT_TAIL). A fifth (gemv_mixed.MIXED) takes GDN's in_proj_b + a (BF16) into the FP8
-in_proj_qkv + z launch.
+in_proj_qkv + z launch; a sixth (attention_decode.TRITON) runs the decode attention as one Triton launch with
+its split-KV merge inside, instead of FlashInfer's decode and merge kernels.
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
+from ..kernels import attention_decode as attention_decode_mod
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import gemv_mixed, gemv_norm, parts_norm, router_gemv
 from ..kernels.attention_prologue import rope_inv_freq
@@ -106,7 +108,12 @@ def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.
                                        a.num_heads, a.num_kv_heads, a.head_dim, a.rotary_dim, a.rope_theta,
                                        inv_freq=mixer.inv_freq, kv_cache=rows,
                                        dtype=rows[0].dtype if rows is not None else None)
-    if rows is not None:
+    if rows is not None and attention_decode_mod.TRITON:  # split KV merged in the launch (attention_decode.py)
+        if getattr(mixer, "attn_counters", None) is None:  # made on the first (eager) call, never inside a capture
+            groups = attention_decode_mod.SPLITS // attention_decode_mod.GROUP
+            mixer.attn_counters = new_counter(h.device, a.num_kv_heads * (groups + 1))
+        out = attention_decode_mod.decode_attention(q, *rows, positions, mixer.attn_counters).reshape(1, -1)
+    elif rows is not None:
         out = backend.attend_written(kv, q.view(1, *q.shape)).reshape(1, -1)
     else:
         out = backend.attend(kv, q.view(1, *q.shape), k.view(1, *k.shape), v.view(1, *v.shape), positions, start,

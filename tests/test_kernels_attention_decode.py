@@ -1,0 +1,68 @@
+"""The batch-1 split-KV decode attention with its merge in the last programs (kernels/attention_decode.py)
+against its fp32 reference: GQA, KV lengths from 1 (most splits empty) to several steps a split, the position
+read on the device, fp32 and bf16; the counters back at 0 after each launch; a negative control (a head
+counter that says all groups but one are in: the output is merged from unwritten partials); the refusals.
+Interpreter on the CPU, natively on a GPU (and the GPU tier's step-level gate, tests/test_gpu_decode_fused.py)."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from qwenlocal.engine.kernels import attention_decode as ad  # noqa: E402
+from qwenlocal.engine.kernels.launch import new_counter  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL = dict(splits=8, group=4, block_t=16)  # 2 groups a head: both merge levels, few programs
+
+
+def _case(heads, kvh, d, rows, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, d, generator=gen).to(dtype).to(DEVICE)
+    k = (torch.randn(rows, kvh, d, generator=gen) * 2).to(dtype).to(DEVICE)
+    v = torch.randn(rows, kvh, d, generator=gen).to(dtype).to(DEVICE)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads, kvh, d", [(8, 2, 32), (4, 4, 16), (6, 1, 64)])
+def test_decode_attention_matches_the_reference(heads, kvh, d, dtype):
+    q, k, v = _case(heads, kvh, d, 300, dtype, seed=heads * d)
+    counters = new_counter(q.device, kvh * (SMALL["splits"] // SMALL["group"] + 1))
+    for position in (0, 5, 130, 299):  # one row; some splits empty; several steps in every split
+        out = ad.decode_attention(q, k, v, torch.tensor([position], device=DEVICE), counters, **SMALL)
+        ref = ad.decode_attention_reference(q, k, v, position)
+        assert out.shape == (1, heads, d) and out.dtype == dtype and torch.isfinite(out).all()
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(out.float().cpu(), ref.cpu(), **tol)
+        assert not counters.any()
+
+
+def test_the_default_grid_on_a_long_cache():
+    q, k, v = _case(16, 2, 64, 3000, torch.float32, seed=1)
+    counters = new_counter(q.device, 2 * (ad.SPLITS // ad.GROUP + 1))
+    out = ad.decode_attention(q, k, v, torch.tensor([2999], device=DEVICE), counters)
+    torch.testing.assert_close(out.cpu(), ad.decode_attention_reference(q, k, v, 2999).cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_merge_before_every_group_arrived_gives_other_bytes():
+    """Negative control: head 0's counter preset to all its groups but one: the first group to finish merges the
+    head's output from group partials the other has not written."""
+    q, k, v = _case(8, 2, 32, 300, torch.float32, seed=2)
+    position = torch.tensor([299], device=DEVICE)
+    good = ad.decode_attention(q, k, v, position, new_counter(q.device, 2 * 3), **SMALL)
+    early = new_counter(q.device, 2 * 3)
+    early[2 * 2] = 1  # head 0's count of groups (2 a head): one already "in"
+    bad = ad.decode_attention(q, k, v, position, early, **SMALL)
+    assert torch.equal(bad[:, 4:], good[:, 4:])  # head 1's query heads: untouched
+    assert not torch.equal(bad[:, :4], good[:, :4])
+
+
+def test_bad_calls_are_refused():
+    q, k, v = _case(8, 2, 32, 10, torch.float32, seed=3)
+    position = torch.tensor([3], device=DEVICE)
+    with pytest.raises(ValueError, match="counters"):
+        ad.decode_attention(q, k, v, position, new_counter(q.device, 3), **SMALL)
+    with pytest.raises(ValueError, match="multiple of group"):
+        ad.decode_attention(q, k, v, position, new_counter(q.device, 2 * 3), splits=6, group=4)
+    with pytest.raises(ValueError, match="kv_heads"):
+        ad.decode_attention(q, k[:, :1].contiguous(), v, position, new_counter(q.device, 2 * 3), **SMALL)
