@@ -66,3 +66,23 @@ def test_bad_calls_are_refused():
         ad.decode_attention(q, k, v, position, new_counter(q.device, 2 * 3), splits=6, group=4)
     with pytest.raises(ValueError, match="kv_heads"):
         ad.decode_attention(q, k[:, :1].contiguous(), v, position, new_counter(q.device, 2 * 3), **SMALL)
+
+
+@pytest.mark.gpu
+def test_graph_replay_at_the_real_geometry_reads_the_position_on_the_device():
+    """16 query heads on 2 KV heads of 256, bf16, the default grid: one captured launch replayed at positions
+    set in place gives the eager call's bytes at each (the KV length is read on the device)."""
+    q, k, v = _case(16, 2, 256, 20_000, torch.bfloat16, seed=4)
+    position = torch.tensor([0], device=DEVICE)
+    counters = new_counter(q.device, 2 * (ad.SPLITS // ad.GROUP + 1))
+    ad.decode_attention(q, k, v, position, counters)  # compile off-capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ad.decode_attention(q, k, v, position, counters)
+    for p in (0, 63, 16_383, 19_999):
+        position.fill_(p)
+        graph.replay()
+        eager = ad.decode_attention(q, k, v, position, counters)
+        assert torch.equal(captured, eager)
+        ref = ad.decode_attention_reference(q, k, v, p)
+        torch.testing.assert_close(captured.float(), ref, rtol=2e-2, atol=2e-2)
