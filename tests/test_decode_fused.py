@@ -76,17 +76,38 @@ def test_fused_decode_with_the_shared_expert_apart_is_byte_equal_to_serial(quant
 def test_every_one_launch_tail_together_gives_the_same_logits(quantized_ckpt, monkeypatch):
     """The four tail switches and the two-format GEMV at once (router top-k in its GEMV, the post-mixer norm in
     out_proj / o_proj, the next norm in the MoE down projection, GDN's norm and shift in its step, in_proj_b + a
-    in the FP8 in_proj launch): in the interpreter each is the same bytes, so together they are too; three
-    decode steps carry every state and counter across steps."""
+    in the FP8 in_proj launch): in the interpreter each is the same bytes (tests/test_kernels_*.py), so together
+    they are too; each runs at every layer of every step (counted), three steps carry every state and counter."""
     from qwenlocal.engine.kernels import gdn_decode, gemv_mixed, gemv_norm, parts_norm, router_gemv
+    from qwenlocal.engine.model import decode_fused
 
-    ids = torch.randint(0, 600, (24 + 3,), generator=torch.Generator().manual_seed(5))
+    steps = 3
+    ids = torch.randint(0, 600, (24 + steps,), generator=torch.Generator().manual_seed(5))
     off = _engine(quantized_ckpt, True).score(ids, prefill=24)
     for module, attr in ((router_gemv, "FUSED"), (gemv_norm, "FUSED"), (parts_norm, "FUSED"),
                          (gdn_decode, "NORM_SHIFT_TAIL"), (gemv_mixed, "MIXED")):
         monkeypatch.setattr(module, attr, True)
+    calls = {name: 0 for name in ("router", "gemvnorm", "partsnorm", "gdntail", "mixed")}
+
+    def counting(name, fn, when=lambda *a, **kw: True):
+        def wrapped(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            calls[name] += bool(when(out, *args, **kwargs))
+            return out
+        return wrapped
+
+    monkeypatch.setattr(router_gemv, "router_topk", counting("router", router_gemv.router_topk))
+    monkeypatch.setattr(gemv_norm, "gemv_add_rms_norm", counting("gemvnorm", gemv_norm.gemv_add_rms_norm))
+    monkeypatch.setattr(decode_fused, "_norm_tail", counting("partsnorm", decode_fused._norm_tail,
+                                                             lambda out, *a, **kw: out is not None))
+    monkeypatch.setattr(decode_fused, "gdn_decode_step", counting(
+        "gdntail", decode_fused.gdn_decode_step, lambda out, *a, **kw: kw.get("counters") is not None))
+    monkeypatch.setattr(gemv_mixed, "gemv_two_formats", counting("mixed", gemv_mixed.gemv_two_formats))
     eng = _engine(quantized_ckpt, True)
     on = eng.score(ids, prefill=24)
     assert torch.isfinite(on).all() and torch.equal(on, off)
-    moe = eng.model.layers[0].moe
-    assert moe.route_counter is not None and moe.norm_counters is not None  # the tails did run
+    layers = len(eng.model.layers)
+    gdn_layers = sum(not layer.is_attention for layer in eng.model.layers)
+    assert gdn_layers > 0
+    assert calls == {"router": steps * layers, "gemvnorm": steps * layers, "partsnorm": steps * layers,
+                     "gdntail": steps * gdn_layers, "mixed": steps * gdn_layers}

@@ -2,17 +2,13 @@
 (gdn_decode_step counters=, the switch gdn_decode.NORM_SHIFT_TAIL) against the two-launch plan it replaces:
 out, conv state and recurrent state byte for byte in the interpreter (on a GPU the norm's sum may be laid out
 by the step's warps: an ulp of out), several tokens, the counters back at 0; a negative control (a key head's
-q/k channels shifted before all its value heads have read them changes the bytes); the fused decode step with
-the switch on and off. Interpreter on the CPU, natively on a GPU."""
-import dataclasses
-
+q/k channels shifted before all its value heads have read them changes the bytes). The fused step with the
+switch on: tests/test_decode_fused.py. Interpreter on the CPU, natively on a GPU."""
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from qwenlocal.engine import Engine  # noqa: E402
-from qwenlocal.engine.kernels import gdn_decode  # noqa: E402
 from qwenlocal.engine.kernels.gdn_decode import gdn_decode_step  # noqa: E402
 from qwenlocal.engine.kernels.launch import new_counter  # noqa: E402
 from test_kernels_gdn_decode import DEVICE, SIZES, clone_layer, make_layer, make_token, step  # noqa: E402
@@ -62,32 +58,3 @@ def test_bad_counters_are_refused():
     token = make_token(hk, hv, kd, vd, torch.float32, seed=5)
     with pytest.raises(ValueError, match="counters"):
         step(gdn_decode_step, token, layer, hk, hv, kd, vd, counters=new_counter(layer["state"].device, hv))
-
-
-@pytest.mark.skipif(DEVICE == "cuda", reason="the GPU tier: tests/test_gpu_decode_fused.py's switch gates")
-def test_the_fused_step_gives_the_same_logits_with_the_gdn_tail(tiny_ckpt, monkeypatch):
-    ids = torch.randint(0, 600, (16 + 2,), generator=torch.Generator().manual_seed(9))
-    gdn_layers = []
-
-    def run():
-        eng = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"prefill_chunk": 16})
-        eng.model.kernels = dataclasses.replace(eng.model.kernels, fused_decode=True)
-        gdn_layers.append(sum(not layer.is_attention for layer in eng.model.layers))
-        return eng.score(ids, prefill=16)
-
-    calls = []
-    real = gdn_decode.gdn_decode_step
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs.get("counters") is not None)
-        return real(*args, **kwargs)
-
-    from qwenlocal.engine.model import decode_fused
-    monkeypatch.setattr(decode_fused, "gdn_decode_step", counted)
-    off = run()
-    assert calls and not any(calls)
-    calls.clear()
-    monkeypatch.setattr(gdn_decode, "NORM_SHIFT_TAIL", True)
-    on = run()
-    assert calls.count(True) == (len(ids) - 16) * gdn_layers[-1]
-    assert torch.isfinite(on).all() and torch.equal(on, off)

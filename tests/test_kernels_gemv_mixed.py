@@ -1,19 +1,14 @@
 """Linears of two storage formats in one launch (kernels/gemv_mixed.py) against gemv_multi of each format:
 the first format's rows byte for byte, the second's byte for byte in the interpreter (one order of sums) and
 within an ulp on a GPU (laid out by the launch's warps); FP8 / NVFP4 / dense pairs, one or two parts a side,
-awkward sizes; the refusals; the fused decode step's logits with the switch on and off (GDN's FP8 in_proj_qkv +
-z with its BF16 in_proj_b + a). Interpreter on the CPU, natively on a GPU."""
-import dataclasses
-
+awkward sizes; the refusals; the fused step with the switch on: tests/test_decode_fused.py. Interpreter on the CPU, natively on a GPU."""
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from qwenlocal.engine import Engine  # noqa: E402
 from qwenlocal.engine.kernels import gemv_mixed  # noqa: E402
 from qwenlocal.engine.kernels.gemv_multi import gemv_multi  # noqa: E402
-from qwenlocal.engine.quant.convert import quantize_checkpoint  # noqa: E402
 from test_kernels_gemv_multi import make_part  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -51,31 +46,3 @@ def test_bad_calls_are_refused():
         gemv_mixed.gemv_two_formats(x, [fp8, fp8, fp8], [dense])
     with pytest.raises(ValueError, match="K = 48"):
         gemv_mixed.gemv_two_formats(x, [fp8], [make_part("dense", 4, 48, gen, torch.float32)])
-
-
-@pytest.fixture(scope="module")
-def quantized_ckpt(tiny_ckpt, tmp_path_factory):
-    return quantize_checkpoint(tiny_ckpt, tmp_path_factory.mktemp("gemv-mixed"))
-
-
-@pytest.mark.skipif(DEVICE == "cuda", reason="the GPU tier: tests/test_gpu_decode_fused.py's switch gates")
-def test_the_fused_step_gives_the_same_logits_with_in_proj_in_one_launch(quantized_ckpt, monkeypatch):
-    ids = torch.randint(0, 600, (16 + 2,), generator=torch.Generator().manual_seed(10))
-    gdn_layers = []
-
-    def run():
-        eng = Engine.from_pretrained(quantized_ckpt, device="cpu", options={
-            "prefill_chunk": 16, "expert_format": "nvfp4", "linear_format": "native"})
-        eng.model.kernels = dataclasses.replace(eng.model.kernels, fused_decode=True)
-        gdn_layers.append(sum(not layer.is_attention for layer in eng.model.layers))
-        return eng.score(ids, prefill=16)
-
-    calls = []
-    real = gemv_mixed.gemv_two_formats
-    monkeypatch.setattr(gemv_mixed, "gemv_two_formats", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    off = run()
-    assert not calls
-    monkeypatch.setattr(gemv_mixed, "MIXED", True)
-    on = run()
-    assert len(calls) == (len(ids) - 16) * gdn_layers[-1] > 0  # every GDN layer's in_proj, one launch each
-    assert torch.isfinite(on).all() and torch.equal(on, off)

@@ -2,21 +2,17 @@
 replaces (gemv, then add_rms_norm): the projection and the new residual byte for byte, the normed row byte for
 byte in the interpreter (one order of sums) and within an ulp on a GPU (the norm's sums laid out by the GEMV's
 warps); dense / FP8 (both conversions) / NVFP4 weights, awkward sizes; twice through one counter; a negative
-control (a norm run before every program has arrived gives other bytes); the fused decode step's logits with the
-switch on and off. Interpreter on the CPU, natively on a GPU."""
-import dataclasses
-
+control (a norm run before every program has arrived gives other bytes). The fused step with the switch on:
+tests/test_decode_fused.py. Interpreter on the CPU, natively on a GPU."""
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from qwenlocal.engine import Engine  # noqa: E402
 from qwenlocal.engine.kernels import gemv_norm  # noqa: E402
 from qwenlocal.engine.kernels.decode_norm import add_rms_norm  # noqa: E402
 from qwenlocal.engine.kernels.gemv_multi import gemv, launch_config  # noqa: E402
 from qwenlocal.engine.kernels.launch import new_counter  # noqa: E402
-from qwenlocal.engine.quant.convert import quantize_checkpoint  # noqa: E402
 from test_kernels_gemv_multi import make_part  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,32 +76,3 @@ def test_bad_calls_are_refused():
         gemv_norm.gemv_add_rms_norm(a, weight, x[:, :8].contiguous(), norm_w, EPS, counter)
     with pytest.raises(ValueError, match="counter"):
         gemv_norm.gemv_add_rms_norm(a, weight, x, norm_w, EPS, counter.long())
-
-
-@pytest.fixture(scope="module")
-def quantized_ckpt(tiny_ckpt, tmp_path_factory):
-    return quantize_checkpoint(tiny_ckpt, tmp_path_factory.mktemp("gemv-norm"))
-
-
-@pytest.mark.skipif(DEVICE == "cuda", reason="the GPU tier: tests/test_gpu_decode_fused.py's switch gates")
-def test_the_fused_step_gives_the_same_logits_with_the_norm_in_the_projection(quantized_ckpt, monkeypatch):
-    """The tiny quantized checkpoint (FP8 / NVFP4 projections kept in their bytes), fused decode, off then on."""
-    ids = torch.randint(0, 600, (16 + 2,), generator=torch.Generator().manual_seed(7))
-    layers = []
-
-    def run():
-        eng = Engine.from_pretrained(quantized_ckpt, device="cpu", options={
-            "prefill_chunk": 16, "expert_format": "nvfp4", "linear_format": "native"})
-        eng.model.kernels = dataclasses.replace(eng.model.kernels, fused_decode=True)
-        layers.append(len(eng.model.layers))
-        return eng.score(ids, prefill=16)
-
-    calls = []
-    real = gemv_norm.gemv_add_rms_norm
-    monkeypatch.setattr(gemv_norm, "gemv_add_rms_norm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    off = run()
-    assert not calls
-    monkeypatch.setattr(gemv_norm, "FUSED", True)
-    on = run()
-    assert len(calls) == (len(ids) - 16) * layers[-1]  # every layer's projection of every decode step
-    assert torch.isfinite(on).all() and torch.equal(on, off)

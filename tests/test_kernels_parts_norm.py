@@ -2,21 +2,16 @@
 norm=, kernels/parts_norm.py) against the parts then add_rms_norm: the new residual byte for byte, the normed
 row byte for byte in the interpreter (one order of sums) and within an ulp on a GPU; masked output tiles; twice
 through one set of counters; a negative control (a row counter that says all but one tile are in makes the
-norm read a residual the others have not written); the refusals; the fused decode step's logits with the switch
-on and off. Interpreter on the CPU, natively on a GPU."""
-import dataclasses
-
+norm read a residual the others have not written); the refusals. The fused step with the switch on:
+tests/test_decode_fused.py. Interpreter on the CPU, natively on a GPU."""
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from qwenlocal.engine import Engine  # noqa: E402
-from qwenlocal.engine.kernels import parts_norm  # noqa: E402
 from qwenlocal.engine.kernels.decode_norm import add_rms_norm  # noqa: E402
 from qwenlocal.engine.kernels.launch import new_counter  # noqa: E402
 from qwenlocal.engine.kernels.nvfp4_experts_parts import expert_down_parts  # noqa: E402
-from qwenlocal.engine.quant.convert import quantize_checkpoint  # noqa: E402
 from test_kernels_nvfp4_experts_decode import DEVICE, _dev, _problem  # noqa: E402
 
 EPS = 1e-6
@@ -80,33 +75,3 @@ def test_bad_norm_tails_are_refused():
         expert_down_parts(*args[:6], write_shared=False, norm=(x, norm_w, EPS, good))
     with pytest.raises(ValueError, match="one program a tile"):
         expert_down_parts(*args, programs=4, norm=(x, norm_w, EPS, good))
-
-
-@pytest.fixture(scope="module")
-def quantized_ckpt(tiny_ckpt, tmp_path_factory):
-    return quantize_checkpoint(tiny_ckpt, tmp_path_factory.mktemp("parts-norm"))
-
-
-@pytest.mark.skipif(DEVICE == "cuda", reason="the GPU tier: tests/test_gpu_decode_fused.py's switch gates")
-def test_the_fused_step_gives_the_same_logits_with_the_norm_in_the_down_projection(quantized_ckpt, monkeypatch):
-    """The tiny quantized checkpoint (NVFP4 experts and shared expert), fused decode, the switch off then on:
-    every layer's MoE launch does the next norm (the last layer's: the final norm)."""
-    ids = torch.randint(0, 600, (16 + 2,), generator=torch.Generator().manual_seed(8))
-    layers = []
-
-    def run():
-        eng = Engine.from_pretrained(quantized_ckpt, device="cpu", options={
-            "prefill_chunk": 16, "expert_format": "nvfp4", "linear_format": "native"})
-        eng.model.kernels = dataclasses.replace(eng.model.kernels, fused_decode=True)
-        layers.append(len(eng.model.layers))
-        return eng.score(ids, prefill=16)
-
-    calls = []
-    off = run()
-    monkeypatch.setattr(parts_norm, "FUSED", True)
-    from qwenlocal.engine.model import decode_fused
-    real_tail = decode_fused._norm_tail
-    monkeypatch.setattr(decode_fused, "_norm_tail", lambda *a: calls.append(1) or real_tail(*a))
-    on = run()
-    assert len(calls) == (len(ids) - 16) * layers[-1]
-    assert torch.isfinite(on).all() and torch.equal(on, off)

@@ -1,16 +1,13 @@
 """The router GEMV with the top-k tail in its last program (kernels/router_gemv.py) against the two launches it
 replaces (gemv_multi over [router | shared gate], then route_topk): byte for byte, on awkward sizes, fp32 and bf16,
 twice in a row through one counter (it is back at 0 after each launch), a negative control (a tail run before
-every program has arrived gives other bytes), and the fused decode step's logits with the switch on and off.
+every program has arrived gives other bytes). The fused step with the switch on: tests/test_decode_fused.py.
 Interpreter on the CPU, natively on a GPU."""
-import dataclasses
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from qwenlocal.engine import Engine  # noqa: E402
 from qwenlocal.engine.kernels import router_gemv  # noqa: E402
 from qwenlocal.engine.kernels.decode_router import route_topk  # noqa: E402
 from qwenlocal.engine.kernels.gemv_multi import gemv_multi, launch_config  # noqa: E402
@@ -63,27 +60,3 @@ def test_bad_calls_are_refused():
         router_gemv.router_topk(h, router_w, shared_gate, 17, torch.float32, counter)
     with pytest.raises(ValueError, match="counter"):
         router_gemv.router_topk(h, router_w, shared_gate, 4, torch.float32, counter.long())
-
-
-@pytest.mark.skipif(DEVICE == "cuda", reason="the GPU tier: tests/test_gpu_decode_fused.py's switch gate")
-def test_the_fused_step_gives_the_same_logits_with_the_router_in_one_launch(tiny_ckpt, monkeypatch):
-    """The tiny BF16-checkpoint (plain router weights) step, fused decode, the switch off then on."""
-    ids = torch.randint(0, 600, (16 + 2,), generator=torch.Generator().manual_seed(6))
-
-    layers = []
-
-    def run():
-        eng = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"prefill_chunk": 16})
-        eng.model.kernels = dataclasses.replace(eng.model.kernels, fused_decode=True)
-        layers.append(len(eng.model.layers))
-        return eng.score(ids, prefill=16)
-
-    calls = []
-    real = router_gemv.router_topk
-    monkeypatch.setattr(router_gemv, "router_topk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    off = run()
-    assert not calls
-    monkeypatch.setattr(router_gemv, "FUSED", True)
-    on = run()
-    assert len(calls) == (len(ids) - 16) * layers[-1]  # every MoE layer of every decode step
-    assert torch.isfinite(on).all() and torch.equal(on, off)
