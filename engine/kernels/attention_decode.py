@@ -120,7 +120,7 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, part_acc, par
 
 def decode_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, position: torch.Tensor,
                      counters: torch.Tensor, *, splits: int = SPLITS, group: int = GROUP, block_t: int = BLOCK_T,
-                     num_warps: int = 4) -> torch.Tensor:
+                     num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """q [1 (or none), heads, D] of one token; k_rows / v_rows [rows, kv heads, D] contiguous (row p: position p,
     this step's row already written); position int64 [1] on the device -> out [1, heads, D] in q's dtype:
     softmax(q k^T / sqrt(D)) v over rows 0..position, query head i on KV head i // (heads / kv heads).
@@ -150,7 +150,7 @@ def decode_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
         grp_ml, counters, d ** -0.5, kvh, G=g, D=d, GP=max(16, triton.next_power_of_2(g)), SPLITS=splits,
         GROUP=group, BLOCK_T=block_t, OUT_BF16=q.dtype == torch.bfloat16, FENCE=dev.type == "cuda",
         DOT_F32=dev.type != "cuda" or q.dtype == torch.float32,
-        num_warps=num_warps, **pdl_launch(dev))
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev))  # 3 stages: 141 KB of smem at D 256
     return out
 
 
