@@ -169,8 +169,14 @@ def main() -> None:
         set_switches(dk)
     bw = device_gbps("cuda") * 1e9
     results = []
+    failed = []
     for dk in a.decode_kernels.split(","):
-        r = arm(a.model, a.context, set_switches(dk), a.vram_budget, a.routing, a.top)
+        try:
+            r = arm(a.model, a.context, set_switches(dk), a.vram_budget, a.routing, a.top)
+        except Exception as e:  # an arm whose kernels fail to build or launch: the other arms still report
+            print(f"\n== {dk}: FAILED ({type(e).__name__}: {str(e)[:300]}) ==")
+            failed.append(dk)
+            continue
         r["decode_kernels"] = dk
         r["device_bandwidth_gbps"] = bw / 1e9
         roof_ms = 1e3 * r["step_bytes"]["total"] / bw
@@ -202,6 +208,8 @@ def main() -> None:
         print(f"{r['decode_kernels']:<22} {r['eager_kernels_per_step']:>13,} {r.get('graph_kernels_per_step', 0):>13,} "
               f"{g or float('nan'):>9.3f} {1e3 / g if g else float('nan'):>7.1f} {r['hbm_roofline_ms']:>11.3f} "
               f"{r.get('hbm_fraction', float('nan')):>8.1%}")
+    if failed:
+        print(f"failed arms (left out of the rounds): {', '.join(failed)}")
     paired = None
     if a.pairs and len(_STEPS) == len(results) > 1:
         names = [r["decode_kernels"] for r in results]
