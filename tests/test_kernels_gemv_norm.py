@@ -33,7 +33,7 @@ def _reference(a, weight, x, norm_w, fp8_cvt):
 
 
 def _assert_bytes(got, ref, dtype):
-    assert torch.equal(got[0], ref[0])  # the residual: the projection's bytes plus x, rounded once
+    assert torch.equal(got[0], ref[0])  # the residual: its addend's bytes plus x, rounded once
     if DEVICE == "cpu":
         assert torch.equal(got[1], ref[1])
     else:  # rstd's sum may go in another order: an ulp of the output dtype

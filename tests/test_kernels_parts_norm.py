@@ -12,7 +12,8 @@ pytest.importorskip("triton")
 from qwenlocal.engine.kernels.decode_norm import add_rms_norm  # noqa: E402
 from qwenlocal.engine.kernels.launch import new_counter  # noqa: E402
 from qwenlocal.engine.kernels.nvfp4_experts_parts import expert_down_parts  # noqa: E402
-from test_kernels_nvfp4_experts_decode import DEVICE, _dev, _problem  # noqa: E402
+from test_kernels_gemv_norm import _assert_bytes  # noqa: E402 (the residual equal, the normed row an ulp on a GPU)
+from test_kernels_nvfp4_experts_decode import _dev, _problem  # noqa: E402
 
 EPS = 1e-6
 
@@ -25,15 +26,6 @@ def _case(hidden, inter, experts, ids, dtype, seed):
     norm_w = (0.3 * torch.randn(hidden, generator=gen)).to(dtype)
     args = (*_dev(act, weights, ids_t, rows), hidden, inter, _dev(shared[2])[0], _dev(scale)[0])
     return args, *_dev(x, norm_w)
-
-
-def _assert_bytes(got, ref, dtype):
-    assert torch.equal(got[0], ref[0])  # the residual: the parts' sum in order and x, element by element
-    if DEVICE == "cpu":
-        assert torch.equal(got[1], ref[1])
-    else:  # rstd's sum may go in another order: an ulp of the output dtype
-        ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -22
-        assert ((got[1].float() - ref[1].float()).abs() <= ulp * ref[1].float().abs() + 1e-6).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

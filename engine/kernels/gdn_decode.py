@@ -173,6 +173,18 @@ def gdn_step_kernel(
 
 
 @triton.jit
+def _head_norm(z_ptr, o_ptr, normw_ptr, out_ptr, h, V, eps, BV: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr):
+    """Value head h's gated RMSNorm from the o scratch into out; -> (offs_v [1, BV], its mask)."""
+    offs_v = tl.arange(0, BV)[None, :]
+    vmask = offs_v < V
+    o = tl.load(o_ptr + h * V + offs_v, mask=vmask, other=0.0).to(tl.float32)
+    zr = _round(tl.load(z_ptr + h * V + offs_v, mask=vmask, other=0.0).to(tl.float32), DT)
+    w = tl.load(normw_ptr + offs_v, mask=vmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + h * V + offs_v, _gated_rms_norm(o, zr, w, vmask, V, eps, DT, WDT), mask=vmask)
+    return offs_v, vmask
+
+
+@triton.jit
 def _norm_shift_tail(qkv_ptr, z_ptr, o_ptr, normw_ptr, out_ptr, cs_ptr, counters_ptr, cs_stride, key_dim, K, V,
                      REP, h, kh, eps, HV, TILES, W: tl.constexpr, WF: tl.constexpr, BK: tl.constexpr,
                      BVF: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr, FENCE: tl.constexpr):
@@ -181,12 +193,7 @@ def _norm_shift_tail(qkv_ptr, z_ptr, o_ptr, normw_ptr, out_ptr, cs_ptr, counters
     kh's q and k channels (read by all of those heads' tiles). Counters: [HV] per value head, then [Hk] per key
     head, 0 between launches. Every channel is shifted by one program, after every read of it has arrived."""
     if last_to_arrive(counters_ptr + h, TILES, FENCE):
-        offs_v = tl.arange(0, BVF)[None, :]
-        vmask = offs_v < V
-        o = tl.load(o_ptr + h * V + offs_v, mask=vmask, other=0.0).to(tl.float32)
-        zr = _round(tl.load(z_ptr + h * V + offs_v, mask=vmask, other=0.0).to(tl.float32), DT)
-        w = tl.load(normw_ptr + offs_v, mask=vmask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + h * V + offs_v, _gated_rms_norm(o, zr, w, vmask, V, eps, DT, WDT), mask=vmask)
+        offs_v, vmask = _head_norm(z_ptr, o_ptr, normw_ptr, out_ptr, h, V, eps, BVF, DT, WDT)
         _shift_conv_state(qkv_ptr, cs_ptr, 2 * key_dim + h * V + offs_v, vmask, cs_stride, W, WF, DT)
         if last_to_arrive(counters_ptr + HV + kh, REP, FENCE):
             offs_k = tl.arange(0, BK)[None, :]
@@ -205,12 +212,7 @@ def gdn_norm_shift_kernel(
     [h * ch_per, h * ch_per + ch_per): every channel by exactly one program, after every read of it."""
     gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     h = tl.program_id(0)
-    offs_v = tl.arange(0, BV)[None, :]
-    vmask = offs_v < V
-    o = tl.load(o_ptr + h * V + offs_v, mask=vmask, other=0.0).to(tl.float32)
-    zr = _round(tl.load(z_ptr + h * V + offs_v, mask=vmask, other=0.0).to(tl.float32), DT)
-    w = tl.load(normw_ptr + offs_v, mask=vmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + h * V + offs_v, _gated_rms_norm(o, zr, w, vmask, V, eps, DT, WDT), mask=vmask)
+    _head_norm(z_ptr, o_ptr, normw_ptr, out_ptr, h, V, eps, BV, DT, WDT)
 
     c = tl.arange(0, BCH)[None, :]
     ch = h * ch_per + c

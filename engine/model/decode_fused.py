@@ -75,6 +75,16 @@ def project(x: torch.Tensor, weights, out_dtype: torch.dtype | None = None) -> l
     return views
 
 
+def _counters(owner, name: str, device: torch.device, n: int = 1) -> torch.Tensor:
+    """owner's arrival counters for one call site's one-launch tail (launch.last_to_arrive), made on its first
+    call: an eager or warm-up step, never inside a capture (new_counter refuses that)."""
+    counters = getattr(owner, name, None)
+    if counters is None:
+        counters = new_counter(device, n)
+        setattr(owner, name, counters)
+    return counters
+
+
 def _out_features(weight) -> int:
     return weight.out_features if isinstance(weight, QuantLinear) else weight.shape[0]
 
@@ -85,9 +95,7 @@ def gdn_decode(mixer: "GatedDeltaNet", h: torch.Tensor, state: "SequenceState") 
     qkv, z, b, a = project(h, [mixer.in_proj_qkv, mixer.in_proj_z, mixer.in_proj_b, mixer.in_proj_a])
     counters = None
     if gdn_decode_mod.NORM_SHIFT_TAIL:  # the norm and conv shift in the step's launch (made eagerly, once)
-        if getattr(mixer, "step_counters", None) is None:
-            mixer.step_counters = new_counter(h.device, c.num_value_heads + c.num_key_heads)
-        counters = mixer.step_counters
+        counters = _counters(mixer, "step_counters", h.device, c.num_value_heads + c.num_key_heads)
     out = gdn_decode_step(qkv[0], z[0], b[0], a[0], state.conv[mixer.layer], mixer.conv_w, mixer.neg_a,
                           mixer.dt_bias, state.recurrent[mixer.layer], mixer.norm_w, mixer.eps,
                           c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim, counters=counters)
@@ -109,10 +117,9 @@ def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.
                                        inv_freq=mixer.inv_freq, kv_cache=rows,
                                        dtype=rows[0].dtype if rows is not None else None)
     if rows is not None and attention_decode_mod.TRITON:  # split KV merged in the launch (attention_decode.py)
-        if getattr(mixer, "attn_counters", None) is None:  # made on the first (eager) call, never inside a capture
-            groups = attention_decode_mod.SPLITS // attention_decode_mod.GROUP
-            mixer.attn_counters = new_counter(h.device, a.num_kv_heads * (groups + 1))
-        out = attention_decode_mod.decode_attention(q, *rows, positions, mixer.attn_counters).reshape(1, -1)
+        groups = attention_decode_mod.SPLITS // attention_decode_mod.GROUP
+        counters = _counters(mixer, "attn_counters", h.device, a.num_kv_heads * (groups + 1))
+        out = attention_decode_mod.decode_attention(q, *rows, positions, counters).reshape(1, -1)
     elif rows is not None:
         out = backend.attend_written(kv, q.view(1, *q.shape)).reshape(1, -1)
     else:
@@ -132,9 +139,7 @@ def _route(moe: "SparseMoE", h: torch.Tensor):
     gates = [moe.router_w, moe.shared_gate]
     plain = all(_format(g) == "dense" and g.dtype == h.dtype for g in gates)
     if router_gemv.FUSED and plain:  # one launch: the tail in the GEMV's last program (the same bytes)
-        if getattr(moe, "route_counter", None) is None:  # made on the first (eager) call, never inside a capture
-            moe.route_counter = new_counter(h.device)
-        return router_gemv.router_topk(h, *gates, moe.top_k, h.dtype, moe.route_counter)
+        return router_gemv.router_topk(h, *gates, moe.top_k, h.dtype, _counters(moe, "route_counter", h.device))
     # Logits in the compute dtype, as the unfused router's F.linear gives them (top-k then agrees on near-ties).
     if _format(gates[0]) == _format(gates[1]):  # always so in the known checkpoints (both BF16): one launch
         router_logits = gemv_multi(h, gates)
@@ -148,9 +153,7 @@ def _norm_tail(moe: "SparseMoE", next_norm: tuple | None, hidden: int) -> tuple 
     counters (made on the first, eager, call: never inside a capture)."""
     if not parts_norm.FUSED or next_norm is None:
         return None
-    if getattr(moe, "norm_counters", None) is None:
-        moe.norm_counters = new_counter(next_norm[0].device, triton.cdiv(hidden, PARTS_BLOCK_M) + 1)
-    return (*next_norm, moe.norm_counters)
+    return (*next_norm, _counters(moe, "norm_counters", next_norm[0].device, triton.cdiv(hidden, PARTS_BLOCK_M) + 1))
 
 
 def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None = None,
@@ -205,9 +208,8 @@ def forward(model: "Qwen35MoeModel", ids: torch.Tensor, positions: torch.Tensor,
 def _project_add_norm(layer, act: torch.Tensor, proj, x: torch.Tensor, eps: float):
     """The mixer's projection, then the residual add + post-attention RMSNorm: (new x, normed)."""
     if gemv_norm.FUSED:  # one launch: the norm in the GEMV's last program
-        if getattr(layer, "post_norm_counter", None) is None:  # made on the first (eager) call, never captured
-            layer.post_norm_counter = new_counter(x.device)
-        return gemv_norm.gemv_add_rms_norm(act, proj, x, layer.post_norm, eps, layer.post_norm_counter)
+        counter = _counters(layer, "post_norm_counter", x.device)
+        return gemv_norm.gemv_add_rms_norm(act, proj, x, layer.post_norm, eps, counter)
     return add_rms_norm(x, gemv(act, proj), layer.post_norm, eps)
 
 
