@@ -57,6 +57,10 @@ def noise_notes(rows: Sequence[dict]) -> list[str]:
     return out
 
 
+# Records from before --sampling decoded greedily with the token on the GPU.
+_LOOPS = {"model": "chat's loop, the checkpoint's sampling", "argmax": "greedy on the GPU"}
+
+
 def render_run(record: dict, console: Console) -> None:
     rows = record.get("summary", [])
     arms = [a["name"] for a in record.get("arms", [])]
@@ -66,7 +70,8 @@ def render_run(record: dict, console: Console) -> None:
     by = {(r["case"], r["arm"], r["metric"]): r for r in rows}
     s = record.get("settings", {})
     title = (f"{record.get('model', {}).get('name', '?')} · {s.get('device') or 'auto'} · {s.get('pairs')} pairs · "
-             f"{s.get('output_tokens')} output tokens · budget {s.get('vram_budget') or 'auto'}")
+             f"{s.get('output_tokens')} output tokens · {_LOOPS.get(s.get('sampling'), 'greedy on the GPU')} · "
+             f"budget {s.get('vram_budget') or 'auto'}")
     table = Table(title=title, title_justify="left", caption=escape("median (mean) [min-max] over pairs; ratio = this arm / "
                                                           f"{arms[0] if arms else '?'} within each pair"), caption_justify="left")
     table.add_column("case", no_wrap=True)

@@ -70,15 +70,15 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, 
         out["decode"] = ("reference", "the unfused decode path (Triton is not available)")
     if prefill_kernels == "fused" and not sw.triton:
         raise OptionError("prefill_kernels=fused needs Triton; use prefill_kernels=auto or torch")
-    if prefill_kernels != "fused":
-        why = ("prefill_kernels=torch" if prefill_kernels == "torch" else
-               "Triton is not available" if not sw.triton else
-               "auto: the measured path until the fused kernels' logits-level GPU test has run (their TTFT A/B: "
-               "0.89 / 0.96 at 16K / 120K, noisy, docs/RESULTS.md session 9)")
+    if prefill_kernels == "torch" or not sw.triton:
+        why = "prefill_kernels=torch" if prefill_kernels == "torch" else "Triton is not available"
         out["prefill_kernels"] = ("torch", f"{why}: the torch ops of the reference path (~10 a norm)")
     else:
-        out["prefill_kernels"] = ("fused", "prefill's residual add + RMSNorms, GatedDeltaNet's gated norm and causal "
-                                           "conv, the attention's q/k norms + RoPE and output gate in one Triton launch "
-                                           "each instead of ~10 torch ops each: launches and host time in a host-bound "
-                                           "prefill")
+        why = ("prefill_kernels=fused" if prefill_kernels == "fused" else
+               "auto: at the torch path's logits level and layer-major byte-equal to chunked on the H200 (session 10); "
+               "TTFT 0.89 / 0.96 of the torch path's at 16K / 120K (docs/RESULTS.md session 9)")
+        out["prefill_kernels"] = ("fused", f"{why}: prefill's residual add + RMSNorms, GatedDeltaNet's gated norm and "
+                                           "causal conv, the attention's q/k norms + RoPE and output gate in one Triton "
+                                           "launch each instead of ~10 torch ops each: launches and host time in a "
+                                           "host-bound prefill")
     return out

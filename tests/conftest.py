@@ -9,6 +9,14 @@ from qwenlocal.engine.tiny import make_tiny_checkpoint
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
+        # A last-to-arrive negative control (a counter preset one short) is deterministic only in the
+        # interpreter, which runs programs one after another; on a GPU they run together, and the early tail
+        # may read partials that are already written (the same bytes: seen on the H200, session 10).
+        order = pytest.mark.skip(reason="an arrival-order negative control: deterministic in Triton's "
+                                        "interpreter (the CPU tier), a race on a GPU")
+        for item in items:
+            if "interpreter_order" in item.keywords:
+                item.add_marker(order)
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run the GPU tier on the lent machine)")
     for item in items:

@@ -194,7 +194,9 @@ def test_bench_end_to_end_on_the_demo_model(tmp_path, monkeypatch, capsys):
     assert len(measured) == 2 and all(t["raw"]["decode_steps"] == 7 for t in measured)
     assert all(t["metrics"]["decode_tok_s"] > 0 and t["metrics"]["ttft_s"] > 0 for t in measured)
     assert "below the protocol" in rec["notes"][0]
+    assert rec["settings"]["sampling"] == "model" and all(t["raw"]["sampling"] == "model" for t in measured)
     text = capsys.readouterr().out
+    assert "chat's loop" in text
     assert "decode" in text and "roofline" in text and "small" in text
     assert main(args + ["--arms", "baseline", "--seed", "1"]) == 0
     second = sorted(set(out.glob("*.json")) - set(first))[0]
@@ -222,11 +224,11 @@ def test_an_interrupted_run_keeps_what_it_measured(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("QWENLOCAL_HOME", str(tmp_path / "home"))
     real, calls = measure.timed_trial, []
 
-    def stop_on_the_fourth(engine, prompt, output_tokens):
+    def stop_on_the_fourth(engine, prompt, output_tokens, *loop):
         calls.append(1)
         if len(calls) == 4:
             raise KeyboardInterrupt
-        return real(engine, prompt, output_tokens)
+        return real(engine, prompt, output_tokens, *loop)
 
     monkeypatch.setattr(measure, "timed_trial", stop_on_the_fourth)
     args = ["bench", "--contexts", "128", "--output-tokens", "4", "--pairs", "3", "--warmup", "0",
@@ -277,3 +279,29 @@ def test_ratio_cells_read_plainly_and_noise_is_called_out():
     render_run({"summary": summary, "arms": [{"name": "A"}, {"name": "B"}, {"name": "C"}], "settings": {}}, console)
     text = console.export_text()
     assert "3 of 3 pairs faster" in text and "noise: 16k" in text and "not a result" in text
+
+
+def test_both_decode_loops_make_the_asked_tokens_through_their_own_path(tiny_engine, monkeypatch):
+    """'model' runs chat's generate_tokens with the checkpoint's sampling (never stopping at EOS); 'argmax' keeps
+    the greedy token on the device; both make output_tokens - 1 decode steps."""
+    from qwenlocal.engine.bench import measure
+    from qwenlocal.engine.runtime import generate
+
+    seen = []
+    real = generate.generate_tokens
+
+    def spy(runner, state, prompt, params, eos_ids, *a, **k):
+        seen.append((params, eos_ids))
+        return real(runner, state, prompt, params, eos_ids, *a, **k)
+
+    monkeypatch.setattr(generate, "generate_tokens", spy)
+    prompt = list(range(5, 30))
+    model = measure.timed_trial(tiny_engine, prompt, 6, "model", tiny_engine.tokenizer.vocab_size)
+    assert model["decode_steps"] == 5 and model["sampling"] == "model"
+    params, eos = seen[0]
+    assert eos == () and params.max_tokens == 6 and params.seed == 0
+    assert (params.temperature, params.top_p, params.top_k) == (1.0, 0.95, 20)  # the checkpoint's
+    greedy = measure.timed_trial(tiny_engine, prompt, 6, "argmax")
+    assert greedy["decode_steps"] == 5 and len(seen) == 1
+    with pytest.raises(OptionError, match="argmax"):
+        measure.timed_trial(tiny_engine, prompt, 6, "beam")

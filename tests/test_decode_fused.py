@@ -83,6 +83,7 @@ def test_every_one_launch_tail_together_gives_the_same_logits(quantized_ckpt, mo
 
     steps = 3
     ids = torch.randint(0, 600, (24 + steps,), generator=torch.Generator().manual_seed(5))
+    monkeypatch.setattr(gemv_mixed, "MIXED", False)  # on by default: "off" is every switch off
     off = _engine(quantized_ckpt, True).score(ids, prefill=24)
     for module, attr in ((router_gemv, "FUSED"), (gemv_norm, "FUSED"), (parts_norm, "FUSED"),
                          (gdn_decode, "NORM_SHIFT_TAIL"), (gemv_mixed, "MIXED")):

@@ -32,6 +32,43 @@ def test_seeded_sampling_is_reproducible():
     assert draws[0] == draws[1]
 
 
+def test_sampled_frequencies_follow_the_top_k_top_p_distribution():
+    """The inverse-CDF draw over the kept tokens: frequencies within 4 sigma of the renormalized probabilities,
+    and never a token outside the top-k / top-p set."""
+    logits = torch.randn(300, generator=torch.Generator().manual_seed(2)) * 2
+    params = SamplingParams(temperature=0.7, top_k=12, top_p=0.8)
+    probs = torch.softmax(logits / 0.7, -1)
+    top, order = torch.topk(probs, 12)
+    top = top / top.sum()
+    keep = (top.cumsum(0) - top) < 0.8
+    want = torch.zeros(300, dtype=torch.float64)
+    want[order[keep]] = (top[keep] / top[keep].sum()).double()
+    n = 6000
+    gen = torch.Generator().manual_seed(9)
+    counts = torch.bincount(torch.tensor([sample(logits, params, gen) for _ in range(n)]), minlength=300).double()
+    assert set(counts.nonzero().flatten().tolist()) <= set(order[keep].tolist())
+    sigma = (n * want * (1 - want)).sqrt()
+    assert ((counts - n * want).abs() <= 4 * sigma + 1).all()
+
+
+def test_pure_temperature_sampling_never_draws_a_zero_probability_token():
+    logits = torch.full((64,), -1e4)
+    logits[[3, 40]] = 0.0  # exp(-1e4) is 0 in fp32: only these two can be drawn
+    gen = torch.Generator().manual_seed(0)
+    assert {sample(logits, SamplingParams(temperature=1.0), gen) for _ in range(400)} == {3, 40}
+
+
+def test_sample_tensor_stays_a_tensor_and_never_picks_padding_rows():
+    from qwenlocal.engine.runtime.generate import _valid
+    from qwenlocal.engine.runtime.sampler import sample_tensor
+
+    logits = torch.zeros(40)
+    logits[32:] = 50.0  # the padding rows would win every draw if they were kept
+    picked = sample_tensor(_valid(logits, 32), SamplingParams(temperature=1.0, top_k=5), torch.Generator())
+    assert picked.shape == (1,) and picked.dtype == torch.int64 and int(picked) < 32
+    assert int(sample_tensor(_valid(logits, 32), SamplingParams(temperature=0), None)) < 32
+
+
 @pytest.mark.parametrize("bad", [{"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2},
                                  {"max_tokens": 0}, {"seed": "x"}])
 def test_bad_sampling_values_are_rejected(bad):

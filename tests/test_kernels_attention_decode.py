@@ -44,6 +44,7 @@ def test_the_default_grid_on_a_long_cache():
     torch.testing.assert_close(out.cpu(), ad.decode_attention_reference(q, k, v, 2999).cpu(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.interpreter_order
 def test_a_merge_before_every_group_arrived_gives_other_bytes():
     """Negative control: head 0's counter preset to all its groups but one: the first group to finish merges the
     head's output from group partials the other has not written."""

@@ -37,6 +37,7 @@ def test_the_tail_gives_the_bytes_of_the_two_launches(hk, hv, kd, vd, width, dty
         assert not counters.any()
 
 
+@pytest.mark.interpreter_order
 def test_a_shift_before_every_reader_arrived_gives_other_bytes(nan_empty):
     """Negative control: key head 0's counter preset to 'all its value heads but one arrived': the first of its
     value heads to finish shifts its q/k channels while the other still has to read them."""

@@ -54,6 +54,7 @@ def test_gemv_add_rms_norm_gives_the_bytes_of_gemv_then_add_rms_norm(fmt, n, k, 
         assert int(counter) == 0
 
 
+@pytest.mark.interpreter_order
 def test_a_norm_before_every_program_arrived_gives_other_bytes():
     """Negative control: a counter that says all but one program are in makes the first to arrive run the norm
     over a projection the others have not written: the new residual differs (what the count guards)."""

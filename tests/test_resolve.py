@@ -114,10 +114,13 @@ def test_the_two_old_disagreements_are_what_runs():
     # auto on sm_90: the fused kernels with programmatic dependent launch; decode_kernels=fused: plain launches.
     assert gpu.decode == "fused-pdl" and gpu.overlap == "off" and "measured slower" in gpu.reason("overlap")
     assert "programmatic" in gpu.reason("decode")
-    assert gpu.prefill_kernels == "torch" and "until the fused kernels' logits-level GPU test" in gpu.reason("prefill_kernels")
+    assert gpu.prefill_kernels == "fused" and "auto: at the torch path's logits level" in gpu.reason("prefill_kernels")
     fused = resolve({"expert_slots": 2000, "prefill_kernels": "fused"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
     assert fused.prefill_kernels == "fused" and "one Triton launch" in fused.reason("prefill_kernels")
     assert "prefill_kernels" in fused.overridden
+    torch_ops = resolve({"expert_slots": 2000, "prefill_kernels": "torch"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
+    assert torch_ops.prefill_kernels == "torch" and "prefill_kernels=torch" in torch_ops.reason("prefill_kernels")
+    assert resolve({"expert_slots": 2000}, BIG_NVFP4, fake.h200(), "cuda", NONE).prefill_kernels == "torch"
     with pytest.raises(OptionError, match="prefill_kernels=fused needs Triton"):
         resolve({"expert_slots": 2000, "prefill_kernels": "fused"}, BIG_NVFP4, fake.h200(), "cuda", NONE)
     plain = resolve({"expert_slots": 2000, "decode_kernels": "fused"}, BIG_NVFP4, fake.h200(), "cuda", ALL)

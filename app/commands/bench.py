@@ -30,6 +30,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contexts", default="1k,16k", help="decode at these contexts, e.g. 16k,120k")
     parser.add_argument("--prompt-lengths", default="", help="TTFT-only cases (prefill + first token), e.g. 64k")
     parser.add_argument("--output-tokens", type=int, default=128, help="tokens generated per decode trial")
+    parser.add_argument("--sampling", choices=("model", "argmax"), default="model",
+                        help="decode loop: 'model' = chat's loop with the checkpoint's sampling (the rate a chat "
+                             "user sees; default), 'argmax' = greedy with the token kept on the GPU (the step alone)")
     parser.add_argument("--pairs", type=int, default=3, help="pairs per case (the protocol wants at least 3)")
     parser.add_argument("--warmup", type=float, default=10.0, metavar="SECONDS",
                         help="warm-up: one trial per arm, then round-robin until this long has passed")
@@ -113,7 +116,7 @@ def _bench(args: argparse.Namespace, console) -> int:
         from qwenlocal.engine.bench.measure import EngineRunner
 
         t0 = time.perf_counter()
-        session = (arm.runner or EngineRunner()).open(resolved.target, device=args.device, dtype=args.dtype,
+        session = (arm.runner or EngineRunner(args.sampling)).open(resolved.target, device=args.device, dtype=args.dtype,
                                                       vram_budget=args.vram_budget, options=arm.engine_options(base))
         console.print(f"arm {arm.name}: loaded in {time.perf_counter() - t0:.1f} s", highlight=False)
         return session
@@ -154,7 +157,7 @@ def _record(args, resolved, arms, cases, contexts, lengths, base, trials, outcom
 
     facts = resolved.facts()
     settings = {"contexts": contexts, "prompt_lengths": lengths, "output_tokens": args.output_tokens,
-                "pairs": args.pairs, "warmup_s": args.warmup, "seed": args.seed, "reload": args.reload,
+                "pairs": args.pairs, "sampling": args.sampling, "warmup_s": args.warmup, "seed": args.seed, "reload": args.reload,
                 "device": _device(outcome, args.device), "dtype": args.dtype, "vram_budget": args.vram_budget,
                 "max_context": args.max_context, "routing": base["routing"], "arms": [a.name for a in arms],
                 "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()

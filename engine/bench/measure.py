@@ -1,16 +1,22 @@
-"""One timed trial on the embedded engine: prefill a prompt, then greedy decode steps, through `engine.runner`
-(the same prefill and decode entry points as chat and score). Imports torch; the app imports this lazily.
+"""One timed trial on the embedded engine: prefill a prompt, then decode steps, through `engine.runner` (the same
+prefill and decode entry points as chat and score). Imports torch; the app imports this lazily.
 
-Timing: TTFT is the prefill plus the first token's argmax, as chat measures it (the state is allocated before
-the clock starts, as in generation). Decode tok/s is (output_tokens - 1) / the time of the decode steps; the
-next token is the argmax kept on the device (no per-step host sync beyond what the engine itself does), and
-the device is synchronized before each clock read. Counters are engine.stats() deltas around each phase.
+Two decode loops (--sampling of `qwenlocal bench`):
+  - "model" (the default): chat's own loop (runtime/generate.py generate_tokens) with the checkpoint's sampling
+    (Qwen3.6: T=1.0, top_p 0.95, top_k 20), one host sync a token for the id, EOS ignored so every trial makes
+    output_tokens tokens: the rate a user of `qwenlocal chat` sees.
+  - "argmax": the next token is the argmax kept on the device (no per-step host sync beyond what the engine
+    itself does): the decode step alone.
+Timing: TTFT is the prefill plus the first token, as chat measures it (the state is allocated before the clock
+starts, as in generation). Decode tok/s is (output_tokens - 1) / the time of the decode steps, the device
+synchronized before each clock read. Counters are engine.stats() deltas around each phase.
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Sequence
 
+from ..errors import OptionError
 from ..options import EngineOptions
 from .protocol import delta
 
@@ -18,13 +24,18 @@ _DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float
            "float32": "float32"}
 
 
-def timed_trial(engine, prompt: Sequence[int], output_tokens: int) -> dict:
+SAMPLING_LOOPS = ("model", "argmax")
+
+
+def timed_trial(engine, prompt: Sequence[int], output_tokens: int, sampling: str = "argmax",
+                vocab_limit: int | None = None) -> dict:
     import torch
 
+    if sampling not in SAMPLING_LOOPS:
+        raise OptionError(f"sampling {sampling!r}: one of {', '.join(SAMPLING_LOOPS)}")
     dev = engine.device
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     runner = engine.runner
-    ids = torch.tensor(list(prompt), dtype=torch.long, device=dev)
     state = runner.new_state()
     s0 = engine.stats()
     sync()
@@ -32,20 +43,39 @@ def timed_trial(engine, prompt: Sequence[int], output_tokens: int) -> dict:
     if on_gpu:  # what the trial allocates beyond what is already placed (activations, workspaces)
         torch.cuda.reset_peak_memory_stats(dev)
         held = torch.cuda.memory_allocated(dev)
-    t0 = time.perf_counter()
-    logits = runner.prefill(state, ids)
-    token = logits[-1:].argmax(-1)
-    sync()
-    t1 = time.perf_counter()
-    s1 = engine.stats()
     steps = max(0, output_tokens - 1)
-    for _ in range(steps):
-        token = runner.decode(state, token)[-1:].argmax(-1)
-    sync()
-    t2 = time.perf_counter()
+    if sampling == "model":
+        from dataclasses import replace
+
+        from ..runtime.generate import GenerationStats, generate_tokens
+
+        # Seeded: every arm of a pair draws from the same stream. No EOS: every trial makes output_tokens.
+        params = replace(engine.sampling_defaults, max_tokens=output_tokens, seed=0)
+        t0 = time.perf_counter()
+        tokens = generate_tokens(runner, state, list(prompt), params, (), GenerationStats(), vocab_limit=vocab_limit)
+        last = next(tokens)
+        t1 = time.perf_counter()
+        s1 = engine.stats()
+        for last in tokens:
+            pass
+        sync()
+        t2 = time.perf_counter()
+        token = torch.tensor([last], device=dev)
+    else:
+        ids = torch.tensor(list(prompt), dtype=torch.long, device=dev)
+        t0 = time.perf_counter()
+        logits = runner.prefill(state, ids)
+        token = logits[-1:].argmax(-1)
+        sync()
+        t1 = time.perf_counter()
+        s1 = engine.stats()
+        for _ in range(steps):
+            token = runner.decode(state, token)[-1:].argmax(-1)
+        sync()
+        t2 = time.perf_counter()
     s2 = engine.stats()
     out = {"ttft_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": steps, "prompt_tokens": len(prompt),
-           "stats_prefill": delta(s0, s1), "stats_decode": delta(s1, s2), "stats": s2}
+           "stats_prefill": delta(s0, s1), "stats_decode": delta(s1, s2), "stats": s2, "sampling": sampling}
     if on_gpu:
         out["transient_peak_bytes"] = torch.cuda.max_memory_allocated(dev) - held
         out.update(decode_step_facts(engine, state, token, len(prompt) + steps // 2))
@@ -104,8 +134,9 @@ def decode_step_facts(engine, state, token, context: int) -> dict:
 class EngineSession:
     """An ArmSession over the embedded engine."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, sampling: str = "argmax"):
         self.engine = engine
+        self.sampling = sampling
         self.max_context = int(getattr(engine, "max_context", 0) or engine.config.max_position_embeddings)
         tok = getattr(engine, "tokenizer", None)
         limit = getattr(tok, "vocab_size", None) if tok is not None else None
@@ -113,7 +144,7 @@ class EngineSession:
         self.vocab_size = int(min(limit, engine.config.vocab_size) if limit else engine.config.vocab_size)
 
     def trial(self, prompt: Sequence[int], output_tokens: int) -> dict:
-        return timed_trial(self.engine, prompt, output_tokens)
+        return timed_trial(self.engine, prompt, output_tokens, self.sampling, self.vocab_size)
 
     def describe(self) -> dict:
         plan = self.engine.plan
@@ -139,7 +170,12 @@ class EngineSession:
 
 
 class EngineRunner:
-    """The default runner: Engine.from_pretrained with the arm's options."""
+    """The default runner: Engine.from_pretrained with the arm's options; trials decode with `sampling`'s loop."""
+
+    def __init__(self, sampling: str = "argmax"):
+        if sampling not in SAMPLING_LOOPS:
+            raise OptionError(f"sampling {sampling!r}: one of {', '.join(SAMPLING_LOOPS)}")
+        self.sampling = sampling
 
     def open(self, model: Any, *, device: str | None, dtype: str | None, vram_budget: Any,
              options: EngineOptions) -> EngineSession:
@@ -149,4 +185,4 @@ class EngineRunner:
 
         torch_dtype = getattr(torch, _DTYPES[dtype]) if dtype else None
         return EngineSession(Engine.from_pretrained(model, device=device, dtype=torch_dtype, vram_budget=vram_budget,
-                                                    options=options))
+                                                    options=options), self.sampling)

@@ -14,7 +14,9 @@ fixed and every program runs, an empty run leaving an empty partial. Determinist
 The KV rows are FlashInferAttention.decode_rows' view: one sequence owns the pages in order, so row p is
 position p ([rows, kv heads, D], contiguous), and the step's k and v are already in row `position`.
 Reference: decode_attention_reference below (softmax(q k^T * scale) v over rows 0..position, GQA by
-repeat_interleave, fp32). Off until its GPU A/B (the module switch TRITON, profile_decode arm "attn").
+repeat_interleave, fp32). On by default since its GPU A/B (session 10: the step's median ratio 0.974, five rounds
+of five faster; 18.3 us a layer against FlashInfer's 19.2 + 6.6); the module switch TRITON, profile_decode arm
+"no-attn" to compare. With it the CUDA graph's replay makes no FlashInfer plan (runtime/graph.py).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import triton.language as tl
 from .launch import gdc_prologue, last_to_arrive, pdl_launch
 from .nvfp4_triton import _store_exact, exact_out
 
-TRITON = False
+TRITON = True  # on: won the paired GPU A/B (docs/RESULTS.md session 10)
 SPLITS = 64  # per KV head: 2 heads x 64 ~ one program an SM of an H200
 GROUP = 8  # splits merged by one program first, then the groups by one program
 BLOCK_T = 64  # positions a step of a program's loop

@@ -7,7 +7,8 @@ wave) and the FP8 tiles after them, each part with gemv_multi's own tile code: t
 config (the same bytes as gemv_multi's), the second format's parts with theirs but the launch's warps (on a GPU
 their sums may be laid out by those warps: an ulp where they are; the interpreter sums in one order, so there
 the bytes are gemv_multi's). Reference: gemv_multi of each format (and gemv_multi_reference).
-Off until its GPU A/B (the module switch MIXED, profile_decode arm "mixed").
+On by default since its GPU A/B (session 10: median 0.992 of the step, five rounds of five faster); the module
+switch MIXED, profile_decode arm "no-mixed" to compare.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from .fp8_scaled_mm import fp8_tensor_cores
 from .launch import gdc_prologue, pdl_launch
 from .nvfp4_triton import exact_out
 
-MIXED = False
+MIXED = True  # on: won the paired GPU A/B (docs/RESULTS.md session 10)
 MAX_PARTS = 2  # a format's parts in one call (in_proj: qkv + z, b + a)
 
 

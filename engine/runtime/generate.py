@@ -11,7 +11,7 @@ import torch
 from ..errors import GenerationCancelled
 from ..model.cache import SequenceState
 from .runner import Runner
-from .sampler import SamplingParams, sample
+from .sampler import SamplingParams, sample_tensor
 
 
 @dataclass
@@ -62,7 +62,8 @@ def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], par
             logits = runner.prefill(state, torch.tensor(prompt, dtype=torch.long, device=device), cancel=cancel)
         else:
             logits = prefill()
-        token = sample(_valid(logits[-1], vocab_limit), params, gen)
+        picked = sample_tensor(_valid(logits[-1], vocab_limit), params, gen)
+        token = int(picked)  # the one host sync a token: the id is needed here (EOS, the stream)
         stats.prefill_s = stats.ttft_s = time.perf_counter() - t0
         for produced in range(1, params.max_tokens + 1):
             stats.completion_tokens = produced
@@ -78,8 +79,10 @@ def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], par
                 stats.finish_reason = "context"
                 return
             t1 = time.perf_counter()
-            logits = runner.decode(state, torch.tensor([token], device=device))
-            token = sample(_valid(logits[-1], vocab_limit), params, gen)
+            # The sampled id goes back in as the device tensor it already is: no host-to-device copy.
+            logits = runner.decode(state, picked)
+            picked = sample_tensor(_valid(logits[-1], vocab_limit), params, gen)
+            token = int(picked)
             stats.decode_s += time.perf_counter() - t1
         stats.finish_reason = "length"
     except GenerationCancelled:
@@ -87,8 +90,7 @@ def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], par
 
 
 def _valid(logits: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
-    logits = logits.float().cpu()
+    """The logits of ids the tokenizer can decode (the embedding's padding rows cut off), where they are."""
     if vocab_limit is not None and vocab_limit < logits.shape[-1]:
-        logits = logits.clone()  # an inference-mode tensor cannot be written outside inference mode
-        logits[vocab_limit:] = float("-inf")
+        return logits[:vocab_limit]
     return logits

@@ -1,8 +1,8 @@
 """The batch-1 decode step captured in one CUDA graph.
 
 Static input buffers (token id, position) are filled before each replay; the FlashInfer decode plan for the
-new length is made outside the graph (its wrapper copies the plan into fixed buffers); the graph's output is
-a fixed logits buffer. Nothing inside the step syncs with the host. The graph holds the addresses of the
+new length is made outside the graph (its wrapper copies the plan into fixed buffers), unless the captured step
+attends without it (plans_attention); the graph's output is a fixed logits buffer. Nothing inside the step syncs with the host. The graph holds the addresses of the
 state's buffers, so the state is reset in place, never reallocated.
 """
 from __future__ import annotations
@@ -24,6 +24,17 @@ def graph_pool_bytes(graph: torch.cuda.CUDAGraph) -> int:
         return 0
 
 
+def plans_attention(model: Qwen35MoeModel) -> bool:
+    """Whether the decode step reads the attention backend's per-length plan (FlashInfer's decode wrapper). The
+    fused step's Triton decode attention (kernels/attention_decode.py) reads the position on the device and needs
+    none: replay then skips the host's plan, which sits between one token's sync and the next step's launch."""
+    if not model.kernels.fused_decode or not hasattr(model.kernels.attention, "decode_rows"):
+        return True
+    from ..kernels import attention_decode
+
+    return not attention_decode.TRITON
+
+
 class DecodeGraph:
     def __init__(self, model: Qwen35MoeModel, state: SequenceState):
         self.model, self.state = model, state
@@ -33,9 +44,11 @@ class DecodeGraph:
         self.graph = torch.cuda.CUDAGraph()
         self.logits: torch.Tensor | None = None
         self.pool_bytes = 0  # the device memory of the graph's private pool (measured after capture)
+        self.plans_attention = True  # fixed at capture: the step's kernels are baked in then
 
     def capture(self) -> None:
         """Warm up on a side stream (as torch requires), capture, then restore the state it disturbed."""
+        self.plans_attention = plans_attention(self.model)
         snap = self.state.snapshot()
         routing_at = self.model.routing.position.clone() if self.model.routing is not None else None
         self.model.kernels.attention.prepare(0, 1, decode=True)
@@ -62,6 +75,7 @@ class DecodeGraph:
     def replay(self, token: torch.Tensor, start: int) -> torch.Tensor:
         self.token.copy_(token.reshape(1), non_blocking=True)
         self.position.fill_(start)
-        self.model.kernels.attention.prepare(start, 1, decode=True)
+        if self.plans_attention:
+            self.model.kernels.attention.prepare(start, 1, decode=True)
         self.graph.replay()
         return self.logits

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Benchmark (prints figures): the decode rate a chat user sees, by where the token is sampled, paired.
+
+One engine, one prefilled sequence (CUDA graph on, as chat runs); then rounds of `--tokens` decode steps per arm
+in turn (DESIGN.md's interleaving; the context grows by tokens x arms a round, the same for every arm):
+  - host:   what runtime/generate.py did before session 10: the [V] logits copied to the host as fp32 and
+            sampled there (top-k, softmax, full-vocabulary sort for top-p, multinomial), the id sent back;
+  - device: generate_tokens' loop now: sampler.sample_tensor on the GPU, one host sync a token for the id;
+  - argmax: greedy, the token kept on the GPU, no host sync: the decode step alone (the bench's --sampling argmax).
+Sampling: the checkpoint's defaults (Qwen3.6: T=1.0, top_p 0.95, top_k 20) over the full logits width (248,320 for
+the real geometry; a synthetic model's tokenizer has fewer ids, the real one has 248K).
+
+    python scripts/bench_chat_loop.py --model synthetic:qwen3.6-35b-a3b-nvfp4 --context 16384 --rounds 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from qwenlocal.engine import Engine
+from qwenlocal.engine.runtime.sampler import SamplingParams, sample_tensor
+
+
+def host_sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """runtime/sampler.py's sample() before session 10 (on a host fp32 copy), kept here as the 'before' arm."""
+    scores = logits.float().cpu() / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def run_arm(name: str, runner, state, token: torch.Tensor, params, gen, steps: int) -> tuple[float, torch.Tensor]:
+    """tok/s over `steps` decode steps of this arm's loop; the last token (a [1] device tensor)."""
+    dev = token.device
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        logits = runner.decode(state, token)
+        if name == "host":
+            token = torch.tensor([host_sample(logits[-1], params, gen)], device=dev)
+        elif name == "device":
+            token = sample_tensor(logits[-1], params, gen)
+            int(token)  # the id the loop yields: one sync a token
+        else:
+            token = logits[-1:].argmax(-1)
+    torch.cuda.synchronize()
+    return steps / (time.perf_counter() - t0), token
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="synthetic:qwen3.6-35b-a3b-nvfp4")
+    p.add_argument("--context", type=int, default=16384)
+    p.add_argument("--vram-budget", default=None)
+    p.add_argument("--routing", default="calibrated-28")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tokens", type=int, default=64, help="decode steps per arm per round")
+    p.add_argument("--arms", default="host,device,argmax")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    arms = [x for x in a.arms.split(",") if x]
+    if not arms or any(x not in ("host", "device", "argmax") for x in arms):
+        raise SystemExit("--arms: a comma-separated choice of host, device, argmax")
+    if a.rounds < 3:
+        raise SystemExit("--rounds: at least 3 (the protocol's pairs)")
+    extra = a.rounds * len(arms) * a.tokens + 64
+    opts = {"max_context": a.context + extra, "routing": a.routing}
+    eng = Engine.from_pretrained(a.model, device="cuda", dtype=torch.bfloat16, vram_budget=a.vram_budget, options=opts)
+    params = eng.sampling_defaults
+    runner = eng.runner
+    state = runner.new_state()
+    logits = runner.prefill(state, torch.randint(0, 600, (a.context,), device="cuda"))
+    token = logits[-1:].argmax(-1)
+    gen = torch.Generator().manual_seed(0)
+    for name in arms:  # warm-up: the graph captured, each loop's kernels compiled
+        _, token = run_arm(name, runner, state, token, params, gen, 4)
+    per = {n: [] for n in arms}
+    for _ in range(a.rounds):
+        for name in arms:
+            rate, token = run_arm(name, runner, state, token, params, gen, a.tokens)
+            per[name].append(rate)
+    print(f"\n== chat loop: {a.model} · context {a.context:,} · budget {a.vram_budget or 'all'} · sampling "
+          f"T={params.temperature} top_p={params.top_p} top_k={params.top_k} over {logits.shape[-1]:,} logits · "
+          f"{a.rounds} rounds x {a.tokens} tokens ==")
+    first = per[arms[0]]
+    for name, v in per.items():
+        ratios = ", ".join(f"{x / y:.3f}" for x, y in zip(v, first))
+        print(f"{name:<8} {statistics.median(v):8.1f} tok/s (median)  {1e3 / statistics.median(v):7.3f} ms/token   "
+              f"rate ratio to {arms[0]} per round: {ratios}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": a.model, "context": a.context, "vram_budget": a.vram_budget, "rounds": a.rounds,
+                       "tokens": a.tokens, "sampling": vars(params), "tok_s": per}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
