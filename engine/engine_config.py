@@ -20,7 +20,7 @@ OPTION_DECISIONS = {"prefill_chunk": "prefill_chunk", "prefill_mode": "prefill_m
                     "cuda_graphs": "cuda_graphs", "routing": "routing", "max_context": "max_context",
                     "vram_budget": "vram_budget", "expert_slots": "slots", "prefill_window": "prefill_window",
                     "expert_format": "experts", "linear_format": "linears", "slot_prefill_tokens": "slot_prefill_tokens",
-                    "fp8_prefill": "fp8_prefill", "decode_kernels": "decode", "prefill_kernels": "prefill_kernels",
+                    "fp8_prefill": "fp8_prefill", "decode_kernels": "decode", "prefill_kernels": "prefill_kernels", "gdn_graphs": "gdn",
                     "threads": "threads"}
 
 
@@ -76,7 +76,7 @@ class EngineConfig:
     prefill_window: int | None  # layer-major: tokens parked at once (None = the whole prompt)
     slot_prefill_tokens: int  # prompts up to this long prefill through the slot cache (0: never)
     attention: str  # "flashinfer" | "sdpa"
-    gdn: str  # "fla" | "torch"
+    gdn: str  # "fla" | "fla-graphs" (each full prefill chunk's core one CUDA graph replay) | "torch"
     moe: str  # "triton" | "torch"
     decode: str  # "fused-pdl" | "fused" | "reference"
     cuda_graphs: bool  # the decode step replays one captured CUDA graph

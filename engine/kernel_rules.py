@@ -15,8 +15,8 @@ FLA_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, sw: Software,
-                   capability: tuple[int, int] | None = None, prefill_kernels: str = "auto"
-                   ) -> dict[str, tuple[str, str]]:
+                   capability: tuple[int, int] | None = None, prefill_kernels: str = "auto",
+                   gdn_graphs: str = "auto") -> dict[str, tuple[str, str]]:
     """part -> (kernel name, reason) for attention, gdn, moe, the batch-1 decode step and prefill's small kernels.
     capability: the GPU's compute capability (programmatic dependent launch needs sm_90+)."""
     if dev != "cuda":
@@ -26,6 +26,8 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, 
         if prefill_kernels == "fused":
             raise OptionError("prefill_kernels=fused needs a CUDA GPU with Triton; on the CPU use prefill_kernels=auto "
                               "or torch")
+        if gdn_graphs == "on":
+            raise OptionError("gdn_graphs=on needs a CUDA GPU with fla-core; on the CPU use gdn_graphs=auto or off")
         return {"attention": ("sdpa", "CPU: torch SDPA over a contiguous KV cache (the reference path)"),
                 "gdn": ("torch", "CPU: the torch chunked/recurrent gated delta rule (the reference path)"),
                 "moe": ("torch", "CPU: per-expert loop over the chosen experts (the reference path)"),
@@ -41,8 +43,14 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, 
         out["attention"] = ("sdpa", f"torch SDPA: {why} (no CUDA graphs with this backend)")
     key, value = model.gdn_head_dims
     fla_ok = key in FLA_HEAD_DIMS and value in FLA_HEAD_DIMS
-    if fla_ok and sw.fla:
-        out["gdn"] = ("fla", "fla-core chunked rule (prefill) and fused recurrent (decode)")
+    if fla_ok and sw.fla and gdn_graphs == "on":
+        out["gdn"] = ("fla-graphs", "gdn_graphs=on: fla-core chunked rule (prefill), each full chunk one CUDA graph "
+                                    "replay (no host time for fla's launches), and fused recurrent (decode)")
+    elif fla_ok and sw.fla:
+        why = "gdn_graphs=off" if gdn_graphs == "off" else "auto: the plain calls until the graphs' GPU A/B"
+        out["gdn"] = ("fla", f"fla-core chunked rule (prefill) and fused recurrent (decode); {why}")
+    elif gdn_graphs == "on":
+        raise OptionError("gdn_graphs=on needs fla-core's kernels (installed, head dims it takes); use gdn_graphs=auto")
     else:
         why = "fla-core is not installed" if fla_ok else f"fla does not take head dims {key}/{value}"
         out["gdn"] = ("torch", f"{why}: torch reference rule")

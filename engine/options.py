@@ -14,6 +14,7 @@ LINEAR_FORMATS = ("auto", "native", "dequantized")
 FP8_PREFILL = ("auto", "dequantize", "scaled-mm")
 DECODE_KERNELS = ("auto", "fused", "fused-pdl", "reference")
 PREFILL_KERNELS = ("auto", "fused", "torch")
+GDN_GRAPHS = ("auto", "on", "off")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -69,6 +70,10 @@ class EngineOptions:
     # causal conv): "fused" = one Triton launch each (GPU, Triton); "torch" = the reference path's torch ops
     # (~10 a norm); "auto" = torch until the fused kernels' GPU A/B has been measured.
     prefill_kernels: str = "auto"
+    # GatedDeltaNet's chunked core (fla) over each full prefill chunk: "on" = one CUDA graph replayed for every
+    # layer and chunk (kernels/gdn_graph.py: no host time for fla's ~8 launches a call); "off" = the plain
+    # call; "auto" = off until its GPU A/B.
+    gdn_graphs: str = "auto"
     # CPU threads for torch (set once when a CPU engine is built); None = physical cores less one, at most 8.
     threads: int | None = None
 
@@ -99,6 +104,8 @@ class EngineOptions:
             raise OptionError(f"decode_kernels {self.decode_kernels!r} is not one of {', '.join(DECODE_KERNELS)}")
         if self.prefill_kernels not in PREFILL_KERNELS:
             raise OptionError(f"prefill_kernels {self.prefill_kernels!r} is not one of {', '.join(PREFILL_KERNELS)}")
+        if self.gdn_graphs not in GDN_GRAPHS:
+            raise OptionError(f"gdn_graphs {self.gdn_graphs!r} is not one of {', '.join(GDN_GRAPHS)}")
         if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                                          or self.threads < 1):
             raise OptionError(f"threads must be a positive number of CPU threads, got {self.threads!r}")

@@ -84,7 +84,7 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
                           stream=stream_buffer_bytes(facts, slots))
 
     kernels = kernel_choices(model, dev, dt, opts.decode_kernels, sw, _capability(profile) if dev == "cuda" else None,
-                             opts.prefill_kernels)
+                             opts.prefill_kernels, opts.gdn_graphs)
     # The fused step runs the NVFP4 shared expert inside the routed experts' two kernels; apart from them (on
     # its stream beside the miss copy) it costs more launches than the copy it hides.
     shared_in_experts = kernels["decode"][0] in ("fused", "fused-pdl") and experts == "nvfp4" and linears == "native"
@@ -100,6 +100,9 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
     if opts.prefill_kernels != "auto":
         d.overridden.add("prefill_kernels")
         d.reasons["prefill_kernels"] = f"overridden by user (prefill_kernels={opts.prefill_kernels}); " + d.reasons["prefill_kernels"]
+    if opts.gdn_graphs != "auto":
+        d.overridden.add("gdn")
+        d.reasons["gdn"] = f"overridden by user (gdn_graphs={opts.gdn_graphs}); " + d.reasons["gdn"]
     graphs = _cuda_graphs(opts, dev, kernels, d)
     if routing is None and opts.routing is not None:
         routing = str(opts.routing)  # the engine passes RoutingSpec.describe(); a bare spec is shown as given

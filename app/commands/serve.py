@@ -91,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
         if warning:
             print(warning, file=sys.stderr)  # again, after the loading logs, where it is seen
         serve_foreground(create_app(worker, model_id, api_key), sock, args.log_level)
+        # uvicorn returns after a graceful stop, or (below) re-raises the Ctrl-C that stopped it, depending on
+        # when the signal came (seen once in CI, session 10): both are the normal stop, said once either way.
+        print("qwenlocal serve: stopped", file=sys.stderr)
     except KeyboardInterrupt:  # uvicorn has shut down gracefully and re-raised Ctrl-C: a normal stop
         print("qwenlocal serve: stopped", file=sys.stderr)
     finally:

@@ -61,20 +61,25 @@ def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, m
         if attention == "sdpa" and choices["attention"][0] != "sdpa":
             choices["attention"] = ("sdpa", "torch SDPA: forced by the attention option (no CUDA graphs with this "
                                             "backend)")
-    return build_kernels(cfg, device, dtype, max_len, choices)
+    return build_kernels(cfg, device, dtype, max_len, choices,
+                         config.prefill_chunk if config is not None else None)
 
 
 def build_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_len: int,
-                  choices: dict[str, tuple[str, str]]) -> Kernels:
+                  choices: dict[str, tuple[str, str]], prefill_chunk: int | None = None) -> Kernels:
     a = cfg.attention
     if choices["attention"][0] == "flashinfer":
         attn = FlashInferAttention(a.num_heads, a.num_kv_heads, a.head_dim, dtype, device, max_len)
     else:
         attn = SdpaAttention(a.num_heads, a.num_kv_heads, a.head_dim)
-    if choices["gdn"][0] == "fla":
+    if choices["gdn"][0] in ("fla", "fla-graphs"):
         from ..kernels.gdn_fla import gdn_core_fla
 
         gdn = gdn_core_fla
+        if choices["gdn"][0] == "fla-graphs" and prefill_chunk is not None and device.type == "cuda":
+            from ..kernels.gdn_graph import ChunkGraphs
+
+            gdn = ChunkGraphs(gdn_core_fla, prefill_chunk)
     else:
         gdn = gdn_core_torch
     if choices["moe"][0] == "triton":
