@@ -196,3 +196,60 @@ def test_special_tokens_never_reach_the_reply_text(tiny_engine):
         done = list(tiny_engine.chat(MSG, {"temperature": 3.0, "top_k": 0, "top_p": 1.0, "seed": seed,
                                            "max_tokens": 60}))[-1]
         assert not any(s in done.text or s in done.reasoning for s in specials)
+
+
+def _reference_loop(runner, prompt, params, eos_ids, vocab_limit):
+    """The loop one step at a time (sample, read, then decode): what generate_tokens must equal."""
+    from qwenlocal.engine.runtime.generate import _valid
+
+    gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+    state = runner.new_state()
+    logits = runner.prefill(state, torch.tensor(prompt))
+    out = []
+    while True:
+        token = sample(_valid(logits[-1], vocab_limit), params, gen)
+        out.append(token)
+        if token in eos_ids or len(out) == params.max_tokens:
+            return out, state.seq_len
+        logits = runner.decode(state, torch.tensor([token]))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=9),
+                                    SamplingParams(temperature=0.9, top_p=0.9, top_k=30, seed=4, max_tokens=9)])
+def test_the_loop_a_step_ahead_gives_the_one_step_loops_tokens(tiny_engine, params):
+    """generate_tokens launches the next decode before reading a token's id: the same tokens and draws as the
+    plain loop; at max_tokens the last token is not fed (max_tokens - 1 decodes), at EOS the step launched ahead
+    has fed it (state.seq_len counts the EOS)."""
+    from qwenlocal.engine.runtime.generate import GenerationStats, generate_tokens
+
+    runner, limit = tiny_engine.runner, tiny_engine.tokenizer.vocab_size
+    prompt = tiny_engine.tokenizer.encode_chat(MSG, enable_thinking=False)
+    want, want_len = _reference_loop(runner, prompt, params, (), limit)
+    state, stats = runner.new_state(), GenerationStats()
+    got = list(generate_tokens(runner, state, prompt, params, (), stats, vocab_limit=limit))
+    assert got == want and stats.finish_reason == "length"
+    assert state.seq_len == want_len == len(prompt) + params.max_tokens - 1
+    eos = (want[3],)  # stop at the first time that id comes
+    stop = want.index(want[3]) + 1
+    state, stats = runner.new_state(), GenerationStats()
+    got = list(generate_tokens(runner, state, prompt, params, eos, stats, vocab_limit=limit))
+    assert got == want[:stop] and stats.finish_reason == "stop" and stats.completion_tokens == stop
+    assert state.seq_len == len(prompt) + stop  # the EOS too: the step ahead consumed it
+
+
+def test_a_session_records_the_eos_the_step_ahead_fed(tiny_engine, monkeypatch):
+    """After a reply that ends with EOS the session's tokens are the prompt and the whole reply, EOS included,
+    so the next prompt that extends them (the template writes the EOS after a reply) prefills only what is new."""
+    greedy = {"temperature": 0, "max_tokens": 12}
+    first = tiny_engine.new_session()
+    assert list(tiny_engine.chat(MSG, greedy, session=first))[-1].finish_reason == "length"
+    reply = first.tokens[-11:]  # length: the prompt and 11 of the 12 tokens were fed
+    monkeypatch.setattr(tiny_engine, "eos_ids", (reply[4],))  # the tiny model's own EOS never comes this early
+    session = tiny_engine.new_session()
+    done = list(tiny_engine.chat(MSG, greedy, session=session))[-1]
+    assert done.finish_reason == "stop"
+    held = session.tokens
+    assert held[-1] == reply[4] and held[-(reply.index(reply[4]) + 1):] == reply[:reply.index(reply[4]) + 1]
+    assert session.state.seq_len == len(held)
+    session.prefill(held + tiny_engine.tokenizer.encode("\nmore"))
+    assert session.last_reused == len(held)

@@ -55,7 +55,9 @@ def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], par
     device = runner.model.device
     gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
     stats.prompt_tokens = len(prompt)
-    # The sampled token is only fed back when another one is wanted, so max_tokens costs max_tokens - 1 decodes.
+    reader = TokenReader(device)
+    # A sampled token is fed back when another one may be wanted: max_tokens costs max_tokens - 1 decodes, and an
+    # EOS has been fed by the step launched before it was read.
     try:
         t0 = time.perf_counter()
         if prefill is None:
@@ -63,9 +65,23 @@ def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], par
         else:
             logits = prefill()
         picked = sample_tensor(_valid(logits[-1], vocab_limit), params, gen)
-        token = int(picked)  # the one host sync a token: the id is needed here (EOS, the stream)
+        token = int(picked)  # the first id: nothing to overlap with yet
         stats.prefill_s = stats.ttft_s = time.perf_counter() - t0
         for produced in range(1, params.max_tokens + 1):
+            t1 = time.perf_counter()
+            # One step ahead: the next decode goes to the device before this token's id is read (it takes the id
+            # where it already is), so the GPU is not idle while the host reads, yields and launches. If this
+            # token is EOS, that step has consumed it: state.seq_len counts it, and a Session records it.
+            ahead = (produced < params.max_tokens and not (cancel is not None and cancel.is_set())
+                     and state.seq_len + 1 <= state.max_len)
+            if ahead:
+                logits = runner.decode(state, picked)
+                following = sample_tensor(_valid(logits[-1], vocab_limit), params, gen)
+            if produced > 1:
+                token = reader.read()  # staged before the decode above: waits for this token's draw alone
+            if ahead:
+                reader.stage(following)  # after the read: one pinned buffer serves every token
+            stats.decode_s += time.perf_counter() - t1
             stats.completion_tokens = produced
             yield token
             if token in eos_ids:
@@ -75,18 +91,39 @@ def generate_tokens(runner: Runner, state: SequenceState, prompt: list[int], par
                 break
             if cancel is not None and cancel.is_set():
                 raise GenerationCancelled("decode cancelled")
-            if state.seq_len + 1 > state.max_len:
+            if not ahead:
                 stats.finish_reason = "context"
                 return
-            t1 = time.perf_counter()
-            # The sampled id goes back in as the device tensor it already is: no host-to-device copy.
-            logits = runner.decode(state, picked)
-            picked = sample_tensor(_valid(logits[-1], vocab_limit), params, gen)
-            token = int(picked)
-            stats.decode_s += time.perf_counter() - t1
+            picked = following
         stats.finish_reason = "length"
     except GenerationCancelled:
         stats.finish_reason = "cancelled"
+
+
+class TokenReader:
+    """A sampled id [1] on the device -> a host int, without waiting for what was queued after it: stage() copies
+    it to pinned host memory behind an event, read() waits for that event alone (on the CPU: the value)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._host = torch.empty(1, dtype=torch.long, pin_memory=True) if self.cuda else None
+        self._event = torch.cuda.Event() if self.cuda else None
+        self._staged: torch.Tensor | None = None
+
+    def stage(self, picked: torch.Tensor) -> None:
+        if self.cuda:
+            self._host.copy_(picked.reshape(1), non_blocking=True)
+            self._event.record()
+        self._staged = picked
+
+    def read(self) -> int:
+        staged, self._staged = self._staged, None
+        if staged is None:
+            raise RuntimeError("TokenReader.read() before stage()")
+        if self.cuda:
+            self._event.synchronize()
+            return int(self._host[0])
+        return int(staged)
 
 
 def _valid(logits: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
