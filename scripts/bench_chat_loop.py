@@ -5,7 +5,10 @@ One engine, one prefilled sequence (CUDA graph on, as chat runs); then rounds of
 in turn (DESIGN.md's interleaving; the context grows by tokens x arms a round, the same for every arm):
   - host:   what runtime/generate.py did before session 10: the [V] logits copied to the host as fp32 and
             sampled there (top-k, softmax, full-vocabulary sort for top-p, multinomial), the id sent back;
-  - device: generate_tokens' loop now: sampler.sample_tensor on the GPU, one host sync a token for the id;
+  - device: sampler.sample_tensor on the GPU, one host sync a token for the id, then the next decode (the loop
+            of session 10's call 2);
+  - chat:   runtime/generate.py generate_tokens itself (a step ahead: the next decode is launched before a token's
+            id is read), continuing the same sequence;
   - argmax: greedy, the token kept on the GPU, no host sync: the decode step alone (the bench's --sampling argmax).
 Sampling: the checkpoint's defaults (Qwen3.6: T=1.0, top_p 0.95, top_k 20) over the full logits width (248,320 for
 the real geometry; a synthetic model's tokenizer has fewer ids, the real one has 248K).
@@ -18,10 +21,12 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 from qwenlocal.engine import Engine
+from qwenlocal.engine.runtime.generate import GenerationStats, generate_tokens
 from qwenlocal.engine.runtime.sampler import SamplingParams, sample_tensor
 
 
@@ -45,6 +50,13 @@ def run_arm(name: str, runner, state, token: torch.Tensor, params, gen, steps: i
     dev = token.device
     torch.cuda.synchronize()
     t0 = time.perf_counter()
+    if name == "chat":  # `steps` decodes: the first gives the logits generate_tokens starts from
+        loop = replace(params, max_tokens=steps, seed=None)
+        for last in generate_tokens(runner, state, [], loop, (), GenerationStats(),
+                                    prefill=lambda: runner.decode(state, token)):
+            pass
+        torch.cuda.synchronize()
+        return steps / (time.perf_counter() - t0), torch.tensor([last], device=dev)
     for _ in range(steps):
         logits = runner.decode(state, token)
         if name == "host":
@@ -66,12 +78,12 @@ def main() -> None:
     p.add_argument("--routing", default="calibrated-28")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tokens", type=int, default=64, help="decode steps per arm per round")
-    p.add_argument("--arms", default="host,device,argmax")
+    p.add_argument("--arms", default="host,device,chat,argmax")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     arms = [x for x in a.arms.split(",") if x]
-    if not arms or any(x not in ("host", "device", "argmax") for x in arms):
-        raise SystemExit("--arms: a comma-separated choice of host, device, argmax")
+    if not arms or any(x not in ("host", "device", "chat", "argmax") for x in arms):
+        raise SystemExit("--arms: a comma-separated choice of host, device, chat, argmax")
     if a.rounds < 3:
         raise SystemExit("--rounds: at least 3 (the protocol's pairs)")
     extra = a.rounds * len(arms) * a.tokens + 64

@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench_resident import timed  # scripts/ is on the path when this runs as a script
 from qwenlocal.engine import Engine
 from qwenlocal.engine.kernels import (attention_decode, gdn_decode, gemv_mixed, gemv_multi, gemv_norm,
-                                      nvfp4_experts_decode, parts_norm, router_gemv)
+                                      nvfp4_experts_decode, parts_norm, router_gemv, router_norm)
 from qwenlocal.engine.bench.measure import device_gbps
 from qwenlocal.engine.roofline import model_step_bytes
 
@@ -120,7 +120,8 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "fp8cvt": (gemv_multi, "FP8_CVT"), "experts": (nvfp4_experts_decode, "PERSISTENT"),
             "router": (router_gemv, "FUSED"), "gemvnorm": (gemv_norm, "FUSED"),
             "partsnorm": (parts_norm, "FUSED"), "gdntail": (gdn_decode, "NORM_SHIFT_TAIL"),
-            "mixed": (gemv_mixed, "MIXED"), "attn": (attention_decode, "TRITON")}
+            "mixed": (gemv_mixed, "MIXED"), "attn": (attention_decode, "TRITON"),
+            "routernorm": (router_norm, "FUSED")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

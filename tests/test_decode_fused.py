@@ -112,3 +112,29 @@ def test_every_one_launch_tail_together_gives_the_same_logits(quantized_ckpt, mo
     assert gdn_layers > 0
     assert calls == {"router": steps * layers, "gemvnorm": steps * layers, "partsnorm": steps * layers,
                      "gdntail": steps * gdn_layers, "mixed": steps * gdn_layers}
+
+
+def test_the_router_doing_the_post_mixer_norm_matches_the_unfused_step(quantized_ckpt, monkeypatch):
+    """router_norm.FUSED: every layer's post-mixer add + RMSNorm runs in the router's launch (counted), the
+    separate launch is gone (one add_rms_norm fewer a layer a step), and the step still matches the unfused one
+    (the router's logits sum in another order: fp32 rounding)."""
+    from qwenlocal.engine.config import load_model_config
+    from qwenlocal.engine.kernels import router_norm
+    from qwenlocal.engine.model import decode_fused
+
+    monkeypatch.setattr(router_norm, "FUSED", True)
+    calls = {"router_norm": 0, "add_rms_norm": 0}
+
+    def counting(name, fn):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(router_norm, "router_norm", counting("router_norm", router_norm.router_norm))
+    monkeypatch.setattr(decode_fused, "add_rms_norm", counting("add_rms_norm", decode_fused.add_rms_norm))
+    steps = 3
+    _check(quantized_ckpt, steps=steps)
+    layers = load_model_config(quantized_ckpt).num_layers
+    # Per step: one input norm a layer and the final norm; the post-mixer ones are the router's.
+    assert calls == {"router_norm": steps * layers, "add_rms_norm": steps * (layers + 1)}

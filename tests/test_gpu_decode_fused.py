@@ -96,10 +96,11 @@ def test_both_fp8_paths_are_at_the_bf16_level_of_the_unfused_step(monkeypatch, f
 
 TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"),
          "gdntail": ("gdn_decode", "NORM_SHIFT_TAIL"), "router": ("router_gemv", "FUSED"),
-         "mixed": ("gemv_mixed", "MIXED"), "attn": ("attention_decode", "TRITON")}
+         "mixed": ("gemv_mixed", "MIXED"), "attn": ("attention_decode", "TRITON"),
+         "routernorm": ("router_norm", "FUSED")}
 
 
-@pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn",
+@pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm",
                                    "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the

@@ -57,10 +57,13 @@ def add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, H, x_strid
 @triton.jit
 def _add_rms_norm_row(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, row, H, x_stride, delta_stride, new_x_stride,
                       norm_stride, eps, part_stride, HAS_DELTA: tl.constexpr, ROUND: tl.constexpr,
-                      BLOCK_H: tl.constexpr, PARTS: tl.constexpr):
-    """One row of add_rms_norm (also the tail of a producer's launch: gemv_norm)."""
+                      BLOCK_H: tl.constexpr, PARTS: tl.constexpr, FIRST_STORES: tl.constexpr = False):
+    """One row of add_rms_norm (also the tail of a producer's launch: gemv_norm; in every program of the router's
+    GEMV, router_norm, where FIRST_STORES leaves both stores to program 0). Returns the normed row as stored
+    (rounded to the output dtype), in fp32 registers."""
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
+    store_mask = mask & (tl.program_id(0) == 0) if FIRST_STORES else mask
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_DELTA:
         d_ptrs = delta_ptr + row * delta_stride + cols
@@ -70,10 +73,12 @@ def _add_rms_norm_row(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, row, H, x_st
                 delta += tl.load(d_ptrs + p * part_stride, mask=mask, other=0.0).to(tl.float32)
             delta = _round_as(delta, ROUND)
         x = _round_as(x + delta, ROUND)
-        _store_exact(new_x_ptr + row * new_x_stride + cols, x, mask, ROUND == 1)
+        _store_exact(new_x_ptr + row * new_x_stride + cols, x, store_mask, ROUND == 1)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
     scale = 1.0 + tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    _store_exact(norm_ptr + row * norm_stride + cols, (x * rstd) * scale, mask, ROUND == 1)  # ops.py's order
+    normed = (x * rstd) * scale  # ops.py's order
+    _store_exact(norm_ptr + row * norm_stride + cols, normed, store_mask, ROUND == 1)
+    return _round_as(normed, ROUND)
 
 
 def default_norm_warps(block_h: int) -> int:

@@ -30,7 +30,7 @@ import triton
 
 from ..kernels import attention_decode as attention_decode_mod
 from ..kernels import gdn_decode as gdn_decode_mod
-from ..kernels import gemv_mixed, gemv_norm, parts_norm, router_gemv
+from ..kernels import gemv_mixed, gemv_norm, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
@@ -156,13 +156,40 @@ def _norm_tail(moe: "SparseMoE", next_norm: tuple | None, hidden: int) -> tuple 
     return (*next_norm, _counters(moe, "norm_counters", next_norm[0].device, triton.cdiv(hidden, PARTS_BLOCK_M) + 1))
 
 
-def moe_decode(moe: "SparseMoE", h: torch.Tensor, trace_ids: torch.Tensor | None = None,
-               next_norm: tuple | None = None):
+def router_takes_the_norm(moe: "SparseMoE", x: torch.Tensor) -> bool:
+    """router_norm.FUSED and plain router + shared-gate weights in x's dtype: the post-mixer add + RMSNorm is
+    done by the router GEMV's programs (kernels/router_norm.py), not by a launch of its own."""
+    return (router_norm.FUSED and not gemv_norm.FUSED
+            and all(_format(g) == "dense" and g.dtype == x.dtype for g in (moe.router_w, moe.shared_gate)))
+
+
+def _route_with_norm(moe: "SparseMoE", pending: tuple):
+    """(weights, ids, shared_scale, new_x, normed): pending = (x, mixer delta, post_norm, eps) normed by the
+    router's programs, then route_topk's tail on their logits."""
+    new_x, h, router_logits = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate)
+    weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
+    return weights, ids, shared_scale, new_x, h
+
+
+def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor | None = None,
+               next_norm: tuple | None = None, pending: tuple | None = None):
     """The MoE's output as a delta for the next add_rms_norm (a tensor, or fp32 parts [k + 1, 1, H]), or, where
     next_norm = (x, norm_w, eps) is given and the down projection can take it (parts_norm.FUSED, serial NVFP4
     launch), that norm already done: (new_x, normed). trace_ids: this layer's row of a benchmark routing trace
-    (RoutingTrace.one_token_ids), replacing the router's ids (its weights are kept)."""
+    (RoutingTrace.one_token_ids), replacing the router's ids (its weights are kept). pending = (x, mixer delta,
+    post_norm, eps) instead of h (router_takes_the_norm): the router's launch does the post-mixer norm, and the
+    result is (new_x, the above), next_norm's x replaced by new_x."""
+    if pending is not None:
+        weights, ids, shared_scale, new_x, h = _route_with_norm(moe, pending)
+        if next_norm is not None:
+            next_norm = (new_x, *next_norm[1:])
+        return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm)
     weights, ids, shared_scale = _route(moe, h)
+    return _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm)
+
+
+def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_scale, trace_ids, next_norm):
+    """moe_decode after the router: the experts (and the shared one) of this token."""
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
     slots, expert_weights, copy = moe.experts.for_decode(ids)
@@ -227,10 +254,14 @@ def _forward(model, ids, positions, state, start):
             act, proj = attention_decode(layer.mixer, h, positions, state, start), layer.mixer.o_proj
         else:
             act, proj = gdn_decode(layer.mixer, h, state), layer.mixer.out_proj
-        x, h = _project_add_norm(layer, act, proj, x, eps)
         next_w = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
-        out = moe_decode(layer.moe, h, trace_ids[layer.moe.layer] if trace_ids is not None else None,
-                         next_norm=(x, next_w, eps))
+        layer_ids = trace_ids[layer.moe.layer] if trace_ids is not None else None
+        if router_takes_the_norm(layer.moe, x):  # the post-mixer norm in the router's launch
+            x, out = moe_decode(layer.moe, None, layer_ids, next_norm=(x, next_w, eps),
+                                pending=(x, gemv(act, proj), layer.post_norm, eps))
+        else:
+            x, h = _project_add_norm(layer, act, proj, x, eps)
+            out = moe_decode(layer.moe, h, layer_ids, next_norm=(x, next_w, eps))
         (x, normed), delta = (out, None) if isinstance(out, tuple) else ((x, None), out)
     return normed if normed is not None else add_rms_norm(x, delta, model.norm, eps)[1]
 

@@ -1,0 +1,84 @@
+"""The post-mixer residual add + RMSNorm computed by every program of the MoE router's GEMV, not in a launch of
+its own: each program reads the residual and the mixer's output (2 x 4 KB at the real size), does add_rms_norm's
+row itself (decode_norm._add_rms_norm_row, the same code) and multiplies its rows of the router + shared-gate
+weights by the normed row while it is still in registers.
+
+Why: that norm was a one-program launch, 40 a step at 2.52 us each (101 us of the resident 16K step, docs/
+RESULTS.md session 10), a dependent phase the router GEMV then waited on. Folding it into the producer's last
+program (gemv_norm, parts_norm) kept the phase and lost (call 1 of session 10); here it is done redundantly, in
+parallel, by the consumer, so the phase is gone. Program 0 stores the new residual and the normed row (the
+experts read it after the router's top-k).
+
+Bytes: the residual and the normed row are add_rms_norm's row code, so its bytes in the interpreter; on a GPU
+the sum of squares is laid out by this launch's warps (an ulp of rstd where it differs). The logits are each
+row's fp32 dot product in one order of this tile (not gemv_multi's chunked order): gemv_multi's within rounding.
+No ordering between programs: each one reads only what the launches before it wrote.
+Reference: add_rms_norm then gemv_multi. Off until its GPU A/B (the module switch FUSED, profile_decode arm
+"routernorm").
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .decode_norm import _add_rms_norm_row, round_code
+from .launch import gdc_prologue, pdl_launch
+from .nvfp4_triton import _store_exact, exact_out
+
+FUSED = False
+
+
+@triton.jit
+def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, router_ptr, gate_ptr, logits_ptr, E,
+                       eps, K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
+                       USE_GDC: tl.constexpr = False):
+    """Program pid: rows pid * BLOCK_N ... of [router (E rows) | shared gate (row E)] times the normed row;
+    program 0 also stores the new residual and the normed row (int16 views for bf16)."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = rows <= E
+    cols = tl.arange(0, BLOCK_H)
+    mask_k = cols < K
+    r64 = rows.to(tl.int64)
+    base = tl.where(r64 < E, router_ptr + r64 * K, gate_ptr + (r64 - E) * K)
+    tile = tl.load(base[:, None] + cols[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                   other=0.0)  # weights: nothing of this step writes them, so before the PDL wait
+    gdc_prologue(USE_GDC)  # PDL: the residual and the mixer's output are read only after this
+    normed = _add_rms_norm_row(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, 0, K, 0, 0, 0, 0, eps, 0,
+                               True, ROUND, BLOCK_H, 0, FIRST_STORES=True)
+    logits = tl.sum(tile.to(tl.float32) * normed[None, :], axis=1)
+    _store_exact(logits_ptr + rows, logits, mask_n, ROUND == 1)
+
+
+def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps: float, router_w: torch.Tensor,
+                shared_gate: torch.Tensor, *, num_warps: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, delta [1, K] (the residual, the mixer's projected output), norm_w [K]; router_w [E, K] and shared_gate
+    [1, K] plain tensors of x's dtype -> (new_x [1, K], normed [1, K], logits [1, E + 1]): the bytes of
+    add_rms_norm(x, delta, norm_w, eps) then gemv_multi(normed, [router_w, shared_gate]) (the norm: an ulp of
+    rstd on a GPU, see above). One launch, no host sync."""
+    k = x.shape[-1]
+    for name, t in (("x", x), ("delta", delta)):
+        if t.shape != (1, k) or t.stride(-1) != 1:
+            raise ValueError(f"router_norm takes {name} as [1, {k}] with stride-1 columns, got {tuple(t.shape)}")
+    if norm_w.shape != (k,):
+        raise ValueError(f"norm_w must be [{k}], got {tuple(norm_w.shape)}")
+    for w in (router_w, shared_gate):
+        if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != x.dtype or w.shape[1] != k:
+            raise ValueError(f"router_norm takes plain [N, {k}] weights in x's dtype {x.dtype}")
+    if shared_gate.shape[0] != 1:
+        raise ValueError(f"shared_gate must be [1, {k}], got {tuple(shared_gate.shape)}")
+    if k > 8192:
+        raise ValueError(f"the norm keeps a row in registers: K {k} > 8192")
+    e = router_w.shape[0]
+    block_n = 2 if x.device.type == "cuda" else 32  # the interpreter's time goes by programs
+    new_x = torch.empty(1, k, device=x.device, dtype=x.dtype)
+    normed = torch.empty(1, k, device=x.device, dtype=x.dtype)
+    logits = torch.empty(1, e + 1, device=x.device, dtype=x.dtype)
+    router_norm_kernel[(triton.cdiv(e + 1, block_n),)](
+        x, delta.contiguous(), norm_w, exact_out(new_x), exact_out(normed), router_w.contiguous(),
+        shared_gate.contiguous(), exact_out(logits), e, eps,
+        K=k, BLOCK_H=triton.next_power_of_2(k), BLOCK_N=block_n, ROUND=round_code(x.dtype),
+        num_warps=num_warps or 2, **pdl_launch(x.device))
+    return new_x, normed, logits
