@@ -20,8 +20,8 @@ OPTION_DECISIONS = {"prefill_chunk": "prefill_chunk", "prefill_mode": "prefill_m
                     "cuda_graphs": "cuda_graphs", "routing": "routing", "max_context": "max_context",
                     "vram_budget": "vram_budget", "expert_slots": "slots", "prefill_window": "prefill_window",
                     "expert_format": "experts", "linear_format": "linears", "slot_prefill_tokens": "slot_prefill_tokens",
-                    "fp8_prefill": "fp8_prefill", "decode_kernels": "decode", "prefill_kernels": "prefill_kernels", "gdn_graphs": "gdn",
-                    "threads": "threads"}
+                    "fp8_prefill": "fp8_prefill", "decode_kernels": "decode", "prefill_kernels": "prefill_kernels",
+                    "gdn_graphs": "gdn", "threads": "threads"}
 
 
 def decisions_dict(decided) -> dict[str, Any]:

@@ -85,8 +85,8 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, 
         why = ("prefill_kernels=fused" if prefill_kernels == "fused" else
                "auto: at the torch path's logits level and layer-major byte-equal to chunked on the H200 (session 10); "
                "TTFT 0.89 / 0.96 of the torch path's at 16K / 120K (docs/RESULTS.md session 9)")
-        out["prefill_kernels"] = ("fused", f"{why}: prefill's residual add + RMSNorms, GatedDeltaNet's gated norm and "
-                                           "causal conv, the attention's q/k norms + RoPE and output gate in one Triton "
-                                           "launch each instead of ~10 torch ops each: launches and host time in a "
-                                           "host-bound prefill")
+        out["prefill_kernels"] = ("fused", f"{why}: prefill's residual add + RMSNorms, GatedDeltaNet's gated norm "
+                                           "and causal conv, the attention's q/k norms + RoPE and output gate in one "
+                                           "Triton launch each instead of ~10 torch ops each: launches and host time "
+                                           "in a host-bound prefill")
     return out

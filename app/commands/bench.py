@@ -116,8 +116,9 @@ def _bench(args: argparse.Namespace, console) -> int:
         from qwenlocal.engine.bench.measure import EngineRunner
 
         t0 = time.perf_counter()
-        session = (arm.runner or EngineRunner(args.sampling)).open(resolved.target, device=args.device, dtype=args.dtype,
-                                                      vram_budget=args.vram_budget, options=arm.engine_options(base))
+        runner = arm.runner or EngineRunner(args.sampling)
+        session = runner.open(resolved.target, device=args.device, dtype=args.dtype, vram_budget=args.vram_budget,
+                              options=arm.engine_options(base))
         console.print(f"arm {arm.name}: loaded in {time.perf_counter() - t0:.1f} s", highlight=False)
         return session
 
@@ -157,7 +158,8 @@ def _record(args, resolved, arms, cases, contexts, lengths, base, trials, outcom
 
     facts = resolved.facts()
     settings = {"contexts": contexts, "prompt_lengths": lengths, "output_tokens": args.output_tokens,
-                "pairs": args.pairs, "sampling": args.sampling, "warmup_s": args.warmup, "seed": args.seed, "reload": args.reload,
+                "pairs": args.pairs, "sampling": args.sampling, "warmup_s": args.warmup, "seed": args.seed,
+                "reload": args.reload,
                 "device": _device(outcome, args.device), "dtype": args.dtype, "vram_budget": args.vram_budget,
                 "max_context": args.max_context, "routing": base["routing"], "arms": [a.name for a in arms],
                 "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()

@@ -9,9 +9,9 @@ time), and the outputs are the graph's own buffers. Those stay valid until the n
 state out and its gated norm reads `out` on the same stream before the next layer's replay (gdn.py). The same
 kernels on the same values: the same bytes as the plain call (tests/test_gpu_gdn_graph.py, natively).
 
-Anything else (decode, a partial last chunk) takes the plain call; the engine wraps fla's core only on a GPU. The graph's private
-pool (fla's intermediates, ~150 MB at the real geometry) is held for the engine's life: it fits the plan's
-prefill workspace (1 GiB at chunk 2,048 against a 522 MiB transient peak at 120K, session 10), and
+Anything else (decode, a partial last chunk) takes the plain call; the engine wraps fla's core only on a GPU. The
+graph's private pool (fla's intermediates, ~150 MB at the real geometry) is held for the engine's life: it fits the
+plan's prefill workspace (1 GiB at chunk 2,048 against a 522 MiB transient peak at 120K, session 10), and
 `pool_bytes` reports it.
 """
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Static input buffers (token id, position) are filled before each replay; the FlashInfer decode plan for the
 new length is made outside the graph (its wrapper copies the plan into fixed buffers), unless the captured step
-attends without it (plans_attention); the graph's output is a fixed logits buffer. Nothing inside the step syncs with the host. The graph holds the addresses of the
-state's buffers, so the state is reset in place, never reallocated.
+attends without it (plans_attention); the graph's output is a fixed logits buffer. Nothing inside the step
+syncs with the host. The graph holds the addresses of the state's buffers, so the state is reset in place,
+never reallocated.
 """
 from __future__ import annotations
 
