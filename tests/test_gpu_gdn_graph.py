@@ -8,7 +8,7 @@ import torch
 from qwenlocal.engine import Engine
 
 pytestmark = pytest.mark.gpu
-CHUNK = 64
+CHUNK = 50  # and a 14-token last chunk: the shapes test_gpu_decode_fused compiles fla for (the kernel cache has them)
 
 
 def _chunk(t, hk, hv, d, seed):
@@ -38,7 +38,7 @@ def test_the_replayed_core_gives_the_plain_calls_bytes_at_the_real_geometry():
 
 @pytest.mark.parametrize("mode", ["chunked", "layer-major"])
 def test_a_prefill_with_the_graphs_is_byte_equal_to_one_without(mode):
-    ids = torch.randint(0, 600, (3 * CHUNK + 21,), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(0, 600, (3 * CHUNK + 14,), generator=torch.Generator().manual_seed(4))
     out = {}
     for graphs in ("on", "off"):
         eng = Engine.from_pretrained("synthetic:small-nvfp4", device="cuda", dtype=torch.bfloat16, options={
@@ -53,7 +53,7 @@ def test_a_prefill_with_the_graphs_is_byte_equal_to_one_without(mode):
         out[graphs] = (logits, state, calls)
     (a, sa, calls), (b, sb, _) = out["on"], out["off"]
     gdn_layers = len(sa.recurrent)
-    assert calls == (1, 3 * gdn_layers, gdn_layers)  # 3 full chunks replayed, the 21-token one plain
+    assert calls == (1, 3 * gdn_layers, gdn_layers)  # 3 full chunks replayed, the 14-token one plain
     assert torch.equal(a, b)
     assert all(torch.equal(sa.recurrent[i], sb.recurrent[i]) for i in sa.recurrent)
     assert all(torch.equal(sa.conv[i], sb.conv[i]) for i in sa.conv)
