@@ -70,7 +70,7 @@ def render_run(record: dict, console: Console) -> None:
     by = {(r["case"], r["arm"], r["metric"]): r for r in rows}
     s = record.get("settings", {})
     title = (f"{record.get('model', {}).get('name', '?')} · {s.get('device') or 'auto'} · {s.get('pairs')} pairs · "
-             f"{s.get('output_tokens')} output tokens · {_LOOPS.get(s.get('sampling'), 'greedy on the GPU')} · "
+             f"{s.get('output_tokens')} output tokens · {_LOOPS.get(s.get('sampling'), _LOOPS['argmax'])} · "
              f"budget {s.get('vram_budget') or 'auto'}")
     table = Table(title=title, title_justify="left", caption=escape("median (mean) [min-max] over pairs; ratio = this arm / "
                                                           f"{arms[0] if arms else '?'} within each pair"), caption_justify="left")

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import torch
 
+from profile_decode import add_step_arguments  # scripts/ is on the path when this runs as a script
 from qwenlocal.engine import Engine
 from qwenlocal.engine.runtime.generate import GenerationStats, generate_tokens
 from qwenlocal.engine.runtime.sampler import SamplingParams, sample_tensor
@@ -72,10 +73,7 @@ def run_arm(name: str, runner, state, token: torch.Tensor, params, gen, steps: i
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="synthetic:qwen3.6-35b-a3b-nvfp4")
-    p.add_argument("--context", type=int, default=16384)
-    p.add_argument("--vram-budget", default=None)
-    p.add_argument("--routing", default="calibrated-28")
+    add_step_arguments(p)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tokens", type=int, default=64, help="decode steps per arm per round")
     p.add_argument("--arms", default="host,device,chat,argmax")

@@ -153,12 +153,17 @@ def interleaved(names: list[str], rounds: int, steps: int = 50) -> dict:
                 "ratio_to_first": [a / b for a, b in zip(v, first)]} for n, v in per_arm.items()}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    """The model and the decode step's setting, as the decode scripts take them (bench_chat_loop.py too)."""
     p.add_argument("--model", default="synthetic:qwen3.6-35b-a3b-nvfp4")
     p.add_argument("--context", type=int, default=16384)
     p.add_argument("--vram-budget", default=None)
     p.add_argument("--routing", default="calibrated-28")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_step_arguments(p)
     p.add_argument("--decode-kernels", default="reference,fused")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--json", default=None)

@@ -27,12 +27,17 @@ _DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float
 SAMPLING_LOOPS = ("model", "argmax")
 
 
+def _check_sampling(sampling: str) -> str:
+    if sampling not in SAMPLING_LOOPS:
+        raise OptionError(f"sampling {sampling!r}: one of {', '.join(SAMPLING_LOOPS)}")
+    return sampling
+
+
 def timed_trial(engine, prompt: Sequence[int], output_tokens: int, sampling: str = "argmax",
                 vocab_limit: int | None = None) -> dict:
     import torch
 
-    if sampling not in SAMPLING_LOOPS:
-        raise OptionError(f"sampling {sampling!r}: one of {', '.join(SAMPLING_LOOPS)}")
+    _check_sampling(sampling)
     dev = engine.device
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     runner = engine.runner
@@ -173,9 +178,7 @@ class EngineRunner:
     """The default runner: Engine.from_pretrained with the arm's options; trials decode with `sampling`'s loop."""
 
     def __init__(self, sampling: str = "argmax"):
-        if sampling not in SAMPLING_LOOPS:
-            raise OptionError(f"sampling {sampling!r}: one of {', '.join(SAMPLING_LOOPS)}")
-        self.sampling = sampling
+        self.sampling = _check_sampling(sampling)  # before any engine loads
 
     def open(self, model: Any, *, device: str | None, dtype: str | None, vram_budget: Any,
              options: EngineOptions) -> EngineSession:

@@ -27,7 +27,7 @@ class ChunkGraphs:
 
     def __init__(self, core: Callable, tokens: int, *, graph_factory: Callable | None = None):
         self.core, self.tokens = core, tokens
-        self.enabled = True  # scripts/bench_gdn_graph.py's A/B switch
+        self.enabled = True  # False: every call plain (the engine's A/B is the gdn_graphs option)
         self._graph_factory = graph_factory or _capture_cuda_graph
         self._key = None
         self._inputs: list[torch.Tensor] = []

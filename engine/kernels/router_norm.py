@@ -55,9 +55,9 @@ def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps:
                 shared_gate: torch.Tensor, *, num_warps: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, delta [1, K] (the residual, the mixer's projected output), norm_w [K]; router_w [E, K] and shared_gate
-    [1, K] plain tensors of x's dtype -> (new_x [1, K], normed [1, K], logits [1, E + 1]): the bytes of
-    add_rms_norm(x, delta, norm_w, eps) then gemv_multi(normed, [router_w, shared_gate]) (the norm: an ulp of
-    rstd on a GPU, see above). One launch, no host sync."""
+    [1, K] plain tensors of x's dtype -> (new_x [1, K], normed [1, K], logits [1, E + 1]): add_rms_norm(x, delta,
+    norm_w, eps)'s bytes (an ulp of rstd on a GPU), then gemv_multi(normed, [router_w, shared_gate]) within the
+    rounding of another summation order (see above). One launch, no host sync."""
     k = x.shape[-1]
     for name, t in (("x", x), ("delta", delta)):
         if t.shape != (1, k) or t.stride(-1) != 1:

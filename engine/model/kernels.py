@@ -76,7 +76,7 @@ def build_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, ma
         from ..kernels.gdn_fla import gdn_core_fla
 
         gdn = gdn_core_fla
-        if choices["gdn"][0] == "fla-graphs" and prefill_chunk is not None and device.type == "cuda":
+        if choices["gdn"][0] == "fla-graphs":  # resolve gives it only on a GPU, with the plan's prefill chunk
             from ..kernels.gdn_graph import ChunkGraphs
 
             gdn = ChunkGraphs(gdn_core_fla, prefill_chunk)
