@@ -86,15 +86,19 @@ def main() -> None:
         raise SystemExit("--rounds: at least 3 (the protocol's pairs)")
     extra = a.rounds * len(arms) * a.tokens + 64
     opts = {"max_context": a.context + extra, "routing": a.routing}
+    t0 = time.perf_counter()
     eng = Engine.from_pretrained(a.model, device="cuda", dtype=torch.bfloat16, vram_budget=a.vram_budget, options=opts)
     params = eng.sampling_defaults
     runner = eng.runner
     state = runner.new_state()
+    print(f"loaded in {time.perf_counter() - t0:.1f} s", flush=True)  # progress: a cut-off run says where
     logits = runner.prefill(state, torch.randint(0, 600, (a.context,), device="cuda"))
     token = logits[-1:].argmax(-1)
+    print(f"prefilled {a.context:,} tokens at {time.perf_counter() - t0:.1f} s", flush=True)
     gen = torch.Generator().manual_seed(0)
     for name in arms:  # warm-up: the graph captured, each loop's kernels compiled
         _, token = run_arm(name, runner, state, token, params, gen, 4)
+    print(f"warmed up at {time.perf_counter() - t0:.1f} s", flush=True)
     per = {n: [] for n in arms}
     for _ in range(a.rounds):
         for name in arms:

@@ -39,8 +39,9 @@ def test_a_read_that_skips_its_event_sees_the_id_before_its_copy(monkeypatch):
     reader = TokenReader(torch.device("cuda"))
     for guarded in (True, False):
         reader._host.fill_(-1)
+        picked = torch.tensor([1234], device="cuda")  # before the sleep: a copy from pageable memory syncs
         torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time queued before the copy
-        reader.stage(torch.tensor([1234], device="cuda"))
+        reader.stage(picked)
         if not guarded:
             monkeypatch.setattr(reader._event, "synchronize", lambda: None)
         seen = reader.read()
