@@ -157,8 +157,15 @@ def vram_budget(profile, opts: EngineOptions) -> tuple[int | None, str]:
     return budget, f"90% of {gib(total)}" if total else "VRAM size unknown"
 
 
-def workspace_bytes(opts: EngineOptions) -> int:
-    return memory.workspace_bytes(opts.prefill_chunk)
+def gpu_chunk(facts: ModelFacts, opts: EngineOptions, budget: int | None) -> int:
+    """The prefill chunk the plan takes on a GPU under `budget` (engine/memory.prefill_chunk_for's rule)."""
+    def slots_at(chunk: int) -> tuple[int, bool, int] | None:
+        ctx = opts.max_context or memory.auto_context(facts, budget, chunk)
+        if sum(memory.vram_minimum(facts, chunk, ctx).values()) > budget:
+            return None
+        fit = memory.slot_fit(facts, budget, ctx, chunk)
+        return fit.slots, fit.all_resident, ctx
+    return memory.prefill_chunk_for("cuda", opts.prefill_chunk, slots_at if budget is not None else None)
 
 
 def planned_context(facts: ModelFacts, opts: EngineOptions, budget: int | None) -> int:
@@ -168,19 +175,21 @@ def planned_context(facts: ModelFacts, opts: EngineOptions, budget: int | None) 
         return opts.max_context
     if budget is None:
         return MIN_AUTO_CONTEXT
-    return memory.auto_context(facts, budget, opts.prefill_chunk)
+    return memory.auto_context(facts, budget, gpu_chunk(facts, opts, budget))
 
 
-def vram_minimum(facts: ModelFacts, opts: EngineOptions, context: int | None = None) -> dict[str, int]:
+def vram_minimum(facts: ModelFacts, opts: EngineOptions, context: int | None = None,
+                 budget: int | None = None) -> dict[str, int]:
     """The plan's minimum: the parts that must be on the GPU for `context` tokens (default: the smallest
-    context the plan picks) with one layer of expert slots."""
-    return memory.vram_minimum(facts, opts.prefill_chunk, context or opts.max_context or MIN_AUTO_CONTEXT)
+    context the plan picks) with one layer of expert slots, at the chunk the plan takes under `budget`."""
+    return memory.vram_minimum(facts, gpu_chunk(facts, opts, budget),
+                               context or opts.max_context or MIN_AUTO_CONTEXT)
 
 
 def _vram(facts: ModelFacts, profile, opts: EngineOptions, alts) -> tuple[FitItem, bool]:
     budget, source = vram_budget(profile, opts)
     ctx = planned_context(facts, opts, budget)
-    parts = vram_minimum(facts, opts, ctx)
+    parts = vram_minimum(facts, opts, ctx, budget)
     need = sum(parts.values())
     breakdown = " + ".join(f"{k} {gib(v)}" for k, v in parts.items())
     if budget is None:
@@ -192,8 +201,8 @@ def _vram(facts: ModelFacts, profile, opts: EngineOptions, alts) -> tuple[FitIte
         ctx_fit = (budget - fixed - parts["one layer of slots"]) // facts.kv_bytes_per_token
         if ctx_fit >= MIN_AUTO_CONTEXT and ctx > ctx_fit:
             advice.append(f"a shorter context (--max-context {_pow2_floor(ctx_fit):,})")
-        advice += _alt_advice(alts, lambda f: sum(vram_minimum(f, opts, planned_context(f, opts, budget)).values())
-                              <= budget)
+        advice += _alt_advice(alts, lambda f: sum(vram_minimum(f, opts, planned_context(f, opts, budget),
+                                                               budget).values()) <= budget)
         free, total = profile.value("vram_free"), profile.value("vram_total")
         if free and total and free < 0.9 * total:
             advice.append(f"close other programs using the GPU ({gib(total - free)} of {gib(total)} is in use)")
@@ -203,7 +212,7 @@ def _vram(facts: ModelFacts, profile, opts: EngineOptions, alts) -> tuple[FitIte
         return FitItem("VRAM", "fail", need, budget,
                        f"needs {gib(need)} at {ctx:,} tokens of context ({breakdown}); the budget is {gib(budget)} "
                        f"({source})", tuple(advice)), False
-    fit = memory.slot_fit(facts, budget, ctx, opts.prefill_chunk)
+    fit = memory.slot_fit(facts, budget, ctx, gpu_chunk(facts, opts, budget))
     all_resident, slots = fit.all_resident, fit.slots
     share = "all experts resident" if all_resident else f"{slots:,} expert slots ({slots / facts.total_experts:.0%})"
     return FitItem("VRAM", "ok", need, budget, f"{gib(need)} at {ctx:,} tokens of context; budget {gib(budget)} "

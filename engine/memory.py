@@ -18,6 +18,14 @@ MIB = 2**20
 VRAM_MARGIN = 256 * MIB  # kept free when the budget comes from free VRAM (allocator slack, other processes)
 WORKSPACE_BASE = 768 * MIB  # activations, CUDA graphs, kernel workspaces (an estimate, not a measurement)
 WORKSPACE_PER_CHUNK_TOKEN = 128 * 1024  # prefill activations grow with the chunk
+# The prefill chunk where none is asked. On a GPU 8,192 tokens: against 2,048 at a 16 GiB budget on the H200, TTFT
+# 0.61x at 16K and 0.57x at 120K (bigger batches per expert, a quarter of the per-chunk calls), decode 0.96-0.98x
+# (its workspace is ~430 expert slots fewer); docs/RESULTS.md session 11, call 3. A budget that cannot hold that
+# workspace, or that would give it context or more than LARGE_CHUNK_SLOT_SHARE of its slots (an 8 GB card: half its
+# context), gets SMALL_PREFILL_CHUNK. The CPU path keeps 2,048 (not measured there).
+GPU_PREFILL_CHUNK = 8192
+SMALL_PREFILL_CHUNK = 2048
+LARGE_CHUNK_SLOT_SHARE = 0.10  # 16 GiB: 7 %, measured decode 0.96-0.98x
 # With at least this many layers' worth of expert slots, prefill's two stream buffers borrow slots (lent for
 # the prefill, refilled after) instead of taking VRAM of their own (offload/cache.py).
 BORROW_STREAM_MIN_LAYERS = 3
@@ -195,6 +203,25 @@ def capped_budget(asked: int, free: int | None) -> tuple[int, str]:
         budget = max(0, free - VRAM_MARGIN)
         return budget, f"only {gib(free)} is free, so {gib(budget)} is used"
     return asked, ""
+
+
+def prefill_chunk_for(device: str, asked: int | None, slots_at=None) -> int:
+    """The prefill chunk: the one asked; on a GPU, GPU_PREFILL_CHUNK where its larger workspace leaves the
+    context SMALL_PREFILL_CHUNK gets and costs at most LARGE_CHUNK_SLOT_SHARE of its expert slots (or every expert
+    stays resident), else SMALL_PREFILL_CHUNK. slots_at(chunk) -> (slots, all_resident, context), or None where
+    the budget cannot hold that chunk's minimum; slots_at None: the GPU's chunk."""
+    if asked is not None:
+        return asked
+    if device != "cuda":
+        return SMALL_PREFILL_CHUNK
+    if slots_at is None:
+        return GPU_PREFILL_CHUNK
+    large, small = slots_at(GPU_PREFILL_CHUNK), slots_at(SMALL_PREFILL_CHUNK)
+    if large is None:
+        return SMALL_PREFILL_CHUNK
+    if small is None or (large[2] >= small[2] and (large[1] or large[0] >= (1 - LARGE_CHUNK_SLOT_SHARE) * small[0])):
+        return GPU_PREFILL_CHUNK
+    return SMALL_PREFILL_CHUNK
 
 
 def workspace_bytes(chunk: int) -> int:

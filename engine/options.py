@@ -38,7 +38,7 @@ def parse_bytes(text: str | int | None, what: str = "size") -> int | None:
 class EngineOptions:
     """What the user (or a test, or the bench) asks of the engine. "auto" lets the plan decide."""
 
-    prefill_chunk: int = 2048  # tokens per prefill chunk
+    prefill_chunk: int | None = None  # tokens per prefill chunk; None: the plan's (memory.prefill_chunk_for)
     prefill_mode: str = "auto"  # "auto" | "chunked" | "layer-major"
     overlap: str = "auto"  # "auto" | "off" | "copy-side" | "shared-side"
     cuda_graphs: bool = True  # capture the decode step in a CUDA graph where the device allows
@@ -78,7 +78,8 @@ class EngineOptions:
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.prefill_chunk, int) or isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 1:
+        chunk = self.prefill_chunk
+        if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
             raise OptionError(f"prefill_chunk must be a positive number of tokens, got {self.prefill_chunk!r}")
         if self.prefill_mode not in PREFILL_MODES:
             raise OptionError(f"prefill_mode {self.prefill_mode!r} is not one of {', '.join(PREFILL_MODES)}")

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from .cpu_threads import default_threads, physical_cores
 from .engine_config import EngineConfig, Software
 from .errors import FeatureUnavailableError, OptionError
-from .memory import DTYPE_BYTES, ModelInfo, VramBudget, borrows_stream, gib, stream_buffer_bytes
+from .memory import DTYPE_BYTES, ModelInfo, VramBudget, borrows_stream, gib, prefill_chunk_for, stream_buffer_bytes
 from .kernel_rules import kernel_choices
 from .options import EngineOptions
-from .plan import (_auto_layer_major, _auto_overlap, _chunk_reason, _Decisions, _device, _gpu_bank,
+from .plan import (_auto_layer_major, _auto_overlap, _chunk_decision, _Decisions, _device, _gpu_bank,
                    resolve_plan)
 
 if TYPE_CHECKING:
@@ -39,12 +39,6 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
     d = _Decisions()
     dev = _choose_device(profile, device, device_asked, device_why, d)
     dt = _choose_dtype(dtype, dev, d)
-    default_chunk = EngineOptions().prefill_chunk
-    chunk = opts.prefill_chunk
-    if chunk != default_chunk:
-        d.user("prefill_chunk", f"prefill_chunk={chunk}", default_chunk, _chunk_reason(default_chunk))
-    else:
-        d.auto("prefill_chunk", _chunk_reason(chunk))
     if opts.max_context is not None and opts.max_context > model.max_context:
         raise OptionError(f"max_context {opts.max_context:,} exceeds {model.name}'s {model.max_context:,} tokens; "
                           f"use at most {model.max_context:,}")
@@ -55,6 +49,12 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
     if dev == "cuda" and profile is None:
         raise FeatureUnavailableError("a GPU engine needs the hardware profile (engine/probe) to plan its memory")
     machine = resolve_plan(profile, facts, opts, device=dev) if profile is not None else None
+    if machine is not None:  # the plan chose it with the memory (a budget too small for the GPU's takes less)
+        chunk = machine.prefill_chunk
+        _copy(d, machine, "prefill_chunk", "prefill_chunk")
+    else:
+        chunk = prefill_chunk_for(dev, opts.prefill_chunk)
+        _chunk_decision(opts, dev, chunk, d)
 
     # Memory: budget, context, slots.
     if dev == "cuda":

@@ -29,16 +29,18 @@ def test_registry_sizes_are_the_reference_numbers():
 
 
 def test_vram_minimum_by_hand():
-    opts = EngineOptions()  # prefill_chunk 2048, the plan's smallest context 4096
-    workspace = 768 * 2**20 + 2048 * 128 * 1024
+    opts = EngineOptions()  # no budget: the GPU's 8,192-token chunk; the plan's smallest context 4096
+    workspace = 768 * 2**20 + 8192 * 128 * 1024
     kv = 4096 * 20_480
     state = 30 * (32 * 128 * 128 * 4 + 8192 * 3 * 2)
     assert state == 64_389_120
     nvfp4 = vram_minimum(QWEN36_35B_A3B_NVFP4, opts)
     assert nvfp4 == {"dense": 2_705_517_300, "state": state, "workspace": workspace, "kv": kv,
                      "prefill stream buffers": 2 * 256 * 1_781_760, "one layer of slots": 256 * 1_781_760}
-    assert sum(nvfp4.values()) == 4_383_664_884 + 912_261_120
-    assert sum(vram_minimum(QWEN36_35B_A3B_BF16, opts).values()) == 7_729_341_696 + 3_221_225_472  # one layer = 256 x 6 MiB; two stream buffers
+    assert sum(nvfp4.values()) == 4_383_664_884 + 912_261_120 + 6144 * 128 * 1024
+    assert sum(vram_minimum(QWEN36_35B_A3B_BF16, opts).values()) == 7_729_341_696 + 3_221_225_472 + 6144 * 128 * 1024
+    small = vram_minimum(QWEN36_35B_A3B_NVFP4, EngineOptions(prefill_chunk=2048))
+    assert small["workspace"] == 768 * 2**20 + 2048 * 128 * 1024  # one layer = 256 x 6 MiB; two stream buffers
 
 
 def test_bf16_bank_does_not_fit_32_gib_of_ram():
@@ -59,8 +61,10 @@ def test_nvfp4_on_the_seeds_machine_fits_with_a_pinning_caveat():
     assert report.ok
     assert [i.what for i in report.warnings] == ["pinned RAM"]
     vram = next(i for i in report.items if i.what == "VRAM")
-    # The plan's context: KV may take a third of the 14.6 GiB budget left after the dense part -> 131,072.
-    assert vram.need == 4_383_664_884 + (131_072 - 4096) * 20_480 + 2 * 256 * 1_781_760 and "131,072 tokens" in vram.detail
+    # The plan's context: KV may take a third of the 14.6 GiB budget left after the dense part -> 131,072; the
+    # GPU's 8,192-token chunk (6,144 tokens of workspace more than 2,048's).
+    assert vram.need == 4_383_664_884 + (131_072 - 4096) * 20_480 + 2 * 256 * 1_781_760 + 6144 * 128 * 1024
+    assert "131,072 tokens" in vram.detail
     assert "expert slots" in vram.detail
     assert check_fit(QWEN36_35B_A3B_NVFP4, wsl2_rtx5070ti(ram_total=64.0, ram_available=60.0)).warnings == []
 

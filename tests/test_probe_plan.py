@@ -29,9 +29,10 @@ def test_wsl2_one_copy_engine_42gbps() -> None:
     assert plan.device == "cuda"
     assert plan.overlap == "shared-side"
     assert "one copy engine" in plan.reason("overlap") and "WDDM" in plan.reason("overlap")
-    assert plan.layer_major and plan.layer_major_min_tokens == 2049
+    # a 16 GB card takes the GPU's 8,192-token chunk: its workspace costs 9 % of the slots, no context
+    assert plan.layer_major and plan.layer_major_min_tokens == 8193
     assert "42 GB/s" in plan.reason("layer_major")
-    assert plan.prefill_chunk == 2048
+    assert plan.prefill_chunk == 8192 and "larger batches per expert" in plan.reason("prefill_chunk")
     assert plan.cuda_graphs
     assert plan.bank == "pin-all" and plan.pinned_bytes == MODEL.experts_total_bytes
     assert not plan.all_resident and MODEL.num_experts <= plan.slots < MODEL.total_experts
@@ -55,7 +56,7 @@ def test_native_linux_pcie5_x16_two_engines() -> None:
     assert plan.device == "cuda"
     assert plan.overlap == "copy-side"
     assert "2 copy engines" in plan.reason("overlap")
-    assert plan.layer_major and plan.layer_major_min_tokens == 2049
+    assert plan.layer_major and plan.layer_major_min_tokens == 8193
     assert plan.bank == "pin-all"
     assert plan.cuda_graphs
     check_reasons(plan)
@@ -84,6 +85,8 @@ def test_laptop_pcie4_x8_12gbps() -> None:
     plan = resolve_plan(fake.laptop_pcie4_x8(), MODEL)
     assert plan.device == "cuda"
     assert plan.overlap == "copy-side"  # native Linux, two copy engines
+    # 8,192-token chunks would halve an 8 GB card's context (65,536 -> 32,768): the small chunk
+    assert plan.prefill_chunk == 2048 and "would cost context" in plan.reason("prefill_chunk")
     assert plan.layer_major and plan.layer_major_min_tokens == 2049
     assert "12 GB/s" in plan.reason("layer_major")
     assert plan.context_tokens < 131072  # an 8 GB card trades context for slots
@@ -152,7 +155,7 @@ def test_user_overrides_are_kept_and_shown() -> None:
 
 def test_forced_layer_major_and_overlap_where_auto_says_off() -> None:
     plan = resolve_plan(fake.h200(), MODEL, {"prefill_mode": "layer-major", "overlap": "shared-side"})
-    assert plan.layer_major and plan.layer_major_min_tokens == 2049
+    assert plan.layer_major and plan.layer_major_min_tokens == 8193  # all resident: the GPU's chunk
     assert plan.overlap == "shared-side" and "no misses to hide" in plan.reason("overlap")
     check_reasons(plan)
 
@@ -243,3 +246,31 @@ def test_bf16_experts_on_a_16gb_card() -> None:
     assert plan.bank == "pin-all" and not plan.all_resident and plan.slots >= bf16.num_experts
     with pytest.raises(ResourceError, match="host RAM"):
         resolve_plan(fake.linux_pcie5_x16(ram_total=48.0, ram_available=40.0), bf16)
+
+
+def test_the_prefill_chunk_rule() -> None:
+    """memory.prefill_chunk_for: the chunk asked; the CPU's small one; on a GPU the large one unless it does not
+    fit, costs context, or costs more than LARGE_CHUNK_SLOT_SHARE of the slots (all resident: no cost)."""
+    from qwenlocal.engine.memory import (GPU_PREFILL_CHUNK as LARGE, LARGE_CHUNK_SLOT_SHARE as SHARE,
+                                         SMALL_PREFILL_CHUNK as SMALL, prefill_chunk_for)
+
+    def at(large, small):
+        return lambda chunk: large if chunk == LARGE else small
+    assert prefill_chunk_for("cuda", 512, at(None, None)) == 512
+    assert prefill_chunk_for("cpu", None) == SMALL
+    assert prefill_chunk_for("cuda", None) == LARGE
+    assert prefill_chunk_for("cuda", None, at(None, (1000, False, 4096))) == SMALL
+    assert prefill_chunk_for("cuda", None, at((950, False, 65536), (1000, False, 65536))) == LARGE
+    lost = int(1000 * (1 - SHARE)) - 1
+    assert prefill_chunk_for("cuda", None, at((lost, False, 65536), (1000, False, 65536))) == SMALL
+    assert prefill_chunk_for("cuda", None, at((990, False, 32768), (1000, False, 65536))) == SMALL
+    assert prefill_chunk_for("cuda", None, at((10240, True, 262144), (10240, True, 262144))) == LARGE
+
+
+def test_an_asked_chunk_is_the_users_and_the_cpu_keeps_the_small_one() -> None:
+    plan = resolve_plan(fake.wsl2_rtx5070ti(), MODEL, {"prefill_chunk": 2048})
+    assert plan.prefill_chunk == 2048 and "overridden by user" in plan.reason("prefill_chunk")
+    assert "8,192" in plan.reason("prefill_chunk")  # what auto would have taken
+    cpu = resolve_plan(fake.wsl2_rtx5070ti(), MODEL, device="cpu")
+    assert cpu.prefill_chunk == 2048 and "CPU" in cpu.reason("prefill_chunk")
+    check_reasons(plan)

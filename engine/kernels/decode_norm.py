@@ -63,7 +63,8 @@ def _add_rms_norm_row(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, row, H, x_st
     (rounded to the output dtype), in fp32 registers."""
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
-    store_mask = mask & (tl.program_id(0) == 0) if FIRST_STORES else mask
+    # program 0 as a tensor compare: Triton 3.9's interpreter refuses the int32 mask a scalar compare makes here
+    store_mask = mask & ((cols * 0 + tl.program_id(0)) == 0) if FIRST_STORES else mask
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_DELTA:
         d_ptrs = delta_ptr + row * delta_stride + cols

@@ -13,8 +13,9 @@ Bytes: the residual and the normed row are add_rms_norm's row code, so its bytes
 the sum of squares is laid out by this launch's warps (an ulp of rstd where it differs). The logits are each
 row's fp32 dot product in one order of this tile (not gemv_multi's chunked order): gemv_multi's within rounding.
 No ordering between programs: each one reads only what the launches before it wrote.
-Reference: add_rms_norm then gemv_multi. Off until its GPU A/B (the module switch FUSED, profile_decode arm
-"routernorm").
+Reference: add_rms_norm then gemv_multi. On by default (the module switch FUSED): paired on the H200, resident
+16K, 5 rounds, the step 2.096 against 2.136 ms, faster in every round (ratios 0.971-0.984; docs/RESULTS.md
+session 11, call 2).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from .decode_norm import _add_rms_norm_row, round_code
 from .launch import gdc_prologue, pdl_launch
 from .nvfp4_triton import _store_exact, exact_out
 
-FUSED = False
+FUSED = True  # measured: docs/RESULTS.md session 11 call 2 (the profile_decode arm "routernorm")
 
 
 @triton.jit
