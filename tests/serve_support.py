@@ -67,6 +67,17 @@ def wait_for(check: Callable[[], Any], timeout: float = 10.0, every: float = 0.0
         time.sleep(every)
 
 
+def find_long_seed(client, tokens: int = 64) -> int:
+    """A seed whose reply (random tiny weights, no thinking) runs `tokens` tokens without an EOS: a test that
+    cancels a reply mid-stream must not see it end on its own first (unseeded, it did now and then)."""
+    for seed in range(1, 60):
+        r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=tokens, seed=seed,
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        if r.choices[0].finish_reason == "length":
+            return seed
+    raise AssertionError("no seed in 1..59 runs without an EOS; widen the search")
+
+
 def find_split_seed(client, max_tokens: int = 24) -> tuple[int, Any]:
     """A seed whose reply (random tiny weights) closes its thought: reasoning and answer both non-empty."""
     for seed in [25, 20, 38, *range(40, 70)]:

@@ -13,7 +13,7 @@ from qwenlocal.engine.events import EngineError, ReasoningDelta, Stats, TokenDel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_support sits beside this file
 from serve_support import (  # noqa: E402
-    FREE, HI, MODEL, extra_app, find_split_seed, free_port, openai_client, serve, wait_for)
+    FREE, HI, MODEL, extra_app, find_long_seed, find_split_seed, free_port, openai_client, serve, wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +42,13 @@ def test_events_match_the_servers_own_reply(served):
 
 
 def test_cancel_stops_the_reply_and_the_server(served):
+    seed = find_long_seed(openai_client(served.url))  # a reply that does not end by itself before the cancel
     rc = RemoteClient(served.url + "/v1", model=MODEL)
     before = served.health()["counters"]["cancelled"]
     cancel = threading.Event()
     seen = 0
     t0 = time.perf_counter()
-    for ev in rc.chat(HI, {"max_tokens": 3000}, enable_thinking=False, cancel=cancel):
+    for ev in rc.chat(HI, {"max_tokens": 3000, "seed": seed}, enable_thinking=False, cancel=cancel):
         if isinstance(ev, (TokenDelta, ReasoningDelta)):
             seen += 1
             if seen == 3:

@@ -83,6 +83,11 @@ def timed_trial(engine, prompt: Sequence[int], output_tokens: int, sampling: str
            "stats_prefill": delta(s0, s1), "stats_decode": delta(s1, s2), "stats": s2, "sampling": sampling}
     if on_gpu:
         out["transient_peak_bytes"] = torch.cuda.max_memory_allocated(dev) - held
+        # What the allocator held at its peak (allocated + its caching slack) and the whole card's use: the
+        # plan's workspace reservation can be set from these, not from an estimate.
+        out["reserved_peak_bytes"] = torch.cuda.max_memory_reserved(dev)
+        free, total = torch.cuda.mem_get_info(dev)
+        out["device_used_bytes"] = total - free
         out.update(decode_step_facts(engine, state, token, len(prompt) + steps // 2))
     return out
 
