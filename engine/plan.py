@@ -152,10 +152,11 @@ def resolve_plan(profile: "HardwareProfile", model: ModelFacts, options: EngineO
         d.auto("slots", "CPU path: experts are read in place from host RAM, no GPU slot cache")
         bank, pinned = _cpu_bank(profile, model, d)
     else:
-        chunk = prefill_chunk_for(dev, opts.prefill_chunk, lambda c: _slots_at(profile, model, opts, c))
+        auto_chunk = prefill_chunk_for(dev, None, lambda c: _slots_at(profile, model, opts, c))
+        chunk = opts.prefill_chunk or auto_chunk
         budget, ctx, slots, all_resident, vram = _vram(profile, model, opts, chunk, d)
         bank, pinned = _gpu_bank(profile, model, all_resident, d)
-    _chunk_decision(opts, dev, chunk, d)
+    _chunk_decision(opts, dev, chunk, d, auto_chunk if dev == "cuda" else prefill_chunk_for(dev, None))
 
     auto_overlap, why = _auto_overlap(profile, dev, all_resident)
     overlap = auto_overlap
@@ -214,9 +215,9 @@ def _slots_at(profile, model: ModelFacts, opts: EngineOptions, chunk: int) -> tu
     return (model.total_experts if slots is None else slots), all_resident, ctx
 
 
-def _chunk_decision(opts: EngineOptions, dev: str, chunk: int, d: _Decisions) -> None:
+def _chunk_decision(opts: EngineOptions, dev: str, chunk: int, d: _Decisions, auto: int) -> None:
+    """The reason for the chunk; auto: what the plan takes where none is asked."""
     if opts.prefill_chunk is not None:
-        auto = prefill_chunk_for(dev, None)
         d.user("prefill_chunk", f"prefill_chunk={chunk}", f"{auto:,}", _chunk_reason(dev, auto))
     else:
         d.auto("prefill_chunk", _chunk_reason(dev, chunk))

@@ -54,7 +54,7 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
         _copy(d, machine, "prefill_chunk", "prefill_chunk")
     else:
         chunk = prefill_chunk_for(dev, opts.prefill_chunk)
-        _chunk_decision(opts, dev, chunk, d)
+        _chunk_decision(opts, dev, chunk, d, prefill_chunk_for(dev, None))
 
     # Memory: budget, context, slots.
     if dev == "cuda":

@@ -271,6 +271,8 @@ def test_an_asked_chunk_is_the_users_and_the_cpu_keeps_the_small_one() -> None:
     plan = resolve_plan(fake.wsl2_rtx5070ti(), MODEL, {"prefill_chunk": 2048})
     assert plan.prefill_chunk == 2048 and "overridden by user" in plan.reason("prefill_chunk")
     assert "8,192" in plan.reason("prefill_chunk")  # what auto would have taken
+    laptop = resolve_plan(fake.laptop_pcie4_x8(), MODEL, {"prefill_chunk": 4096})
+    assert laptop.prefill_chunk == 4096 and "2,048" in laptop.reason("prefill_chunk")  # auto there: the small one
     cpu = resolve_plan(fake.wsl2_rtx5070ti(), MODEL, device="cpu")
     assert cpu.prefill_chunk == 2048 and "CPU" in cpu.reason("prefill_chunk")
     check_reasons(plan)
