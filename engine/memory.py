@@ -19,13 +19,13 @@ VRAM_MARGIN = 256 * MIB  # kept free when the budget comes from free VRAM (alloc
 WORKSPACE_BASE = 768 * MIB  # activations, CUDA graphs, kernel workspaces (an estimate, not a measurement)
 WORKSPACE_PER_CHUNK_TOKEN = 128 * 1024  # prefill activations grow with the chunk
 # The prefill chunk where none is asked. On a GPU 8,192 tokens: against 2,048 at a 16 GiB budget on the H200, TTFT
-# 0.61x at 16K and 0.57x at 120K (bigger batches per expert, a quarter of the per-chunk calls), decode 0.96-0.98x
-# (its workspace is ~430 expert slots fewer); docs/RESULTS.md session 11, call 3. A budget that cannot hold that
-# workspace, or that would give it context or more than LARGE_CHUNK_SLOT_SHARE of its slots (an 8 GB card: half its
-# context), gets SMALL_PREFILL_CHUNK. The CPU path keeps 2,048 (not measured there).
+# 0.61x at 16K and 0.57x at 120K (bigger batches per expert, a quarter of the per-chunk calls), decode 0.96-0.99x
+# (its workspace is 455 expert slots fewer); docs/RESULTS.md session 11, call 3. A budget that cannot hold that
+# workspace, or that would lose context or more than LARGE_CHUNK_SLOT_SHARE of its slots to it (an 8 GB card: half
+# its context), gets SMALL_PREFILL_CHUNK. The CPU path keeps 2,048 (not measured there).
 GPU_PREFILL_CHUNK = 8192
 SMALL_PREFILL_CHUNK = 2048
-LARGE_CHUNK_SLOT_SHARE = 0.10  # 16 GiB: 7 %, measured decode 0.96-0.98x
+LARGE_CHUNK_SLOT_SHARE = 0.10  # a 16 GiB budget: 7.6 % (6,019 -> 5,564 slots), decode 0.96-0.99x measured
 # With at least this many layers' worth of expert slots, prefill's two stream buffers borrow slots (lent for
 # the prefill, refilled after) instead of taking VRAM of their own (offload/cache.py).
 BORROW_STREAM_MIN_LAYERS = 3

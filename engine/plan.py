@@ -137,7 +137,6 @@ def resolve_plan(profile: "HardwareProfile", model: ModelFacts, options: EngineO
     opts = EngineOptions.coerce(options)
     d = _Decisions()
     dev = _device(profile, device, d)
-    chunk = prefill_chunk_for(dev, opts.prefill_chunk)
     if opts.max_context is not None and opts.max_context > model.max_context:
         raise OptionError(f"max_context {opts.max_context:,} exceeds {model.name}'s {model.max_context:,} tokens; "
                           f"use at most {model.max_context:,}")
@@ -151,12 +150,14 @@ def resolve_plan(profile: "HardwareProfile", model: ModelFacts, options: EngineO
             d.auto("context_tokens", "the model's maximum; on the CPU the KV cache lives in host RAM")
         d.auto("slots", "CPU path: experts are read in place from host RAM, no GPU slot cache")
         bank, pinned = _cpu_bank(profile, model, d)
+        auto_chunk = prefill_chunk_for(dev, None)
+        chunk = opts.prefill_chunk or auto_chunk
     else:
         auto_chunk = prefill_chunk_for(dev, None, lambda c: _slots_at(profile, model, opts, c))
         chunk = opts.prefill_chunk or auto_chunk
         budget, ctx, slots, all_resident, vram = _vram(profile, model, opts, chunk, d)
         bank, pinned = _gpu_bank(profile, model, all_resident, d)
-    _chunk_decision(opts, dev, chunk, d, auto_chunk if dev == "cuda" else prefill_chunk_for(dev, None))
+    _chunk_decision(opts, dev, chunk, d, auto_chunk)
 
     auto_overlap, why = _auto_overlap(profile, dev, all_resident)
     overlap = auto_overlap
@@ -200,7 +201,7 @@ def _chunk_reason(dev: str, chunk: int) -> str:
         return f"{chunk:,} tokens per prefill chunk (the CPU path's)"
     if chunk == GPU_PREFILL_CHUNK:
         return (f"{chunk:,} tokens per prefill chunk: fewer, larger batches per expert (TTFT 0.57-0.61x of 2,048's "
-                "at 16 GiB on the H200, decode 0.96-0.98x for its workspace)")
+                "at 16 GiB on the H200, decode 0.96-0.99x for its workspace)")
     return (f"{chunk:,} tokens per prefill chunk: {GPU_PREFILL_CHUNK:,}-token chunks' workspace would cost context or "
             f"more than {LARGE_CHUNK_SLOT_SHARE:.0%} of the expert slots, or does not fit the budget")
 
