@@ -99,8 +99,13 @@ def main() -> None:
     print("options:", {k: eng.plan[k]["value"] for k in ("prefill_chunk", "prefill_kernels", "prefill_mode")})
     runner = eng.runner
     ids = torch.randint(0, 600, (args.tokens,), device="cuda")
+    held = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
     runner.prefill(runner.new_state(), ids)  # warm-up: JIT, allocator, graphs
     torch.cuda.synchronize()
+    # The plan reserves engine/memory.py workspace_bytes(chunk) for this: the measured figures to set it by.
+    print(f"prefill memory: transient peak {(torch.cuda.max_memory_allocated() - held) / 2**20:,.0f} MiB above "
+          f"the {held / 2**30:.2f} GiB held; allocator reserved peak {torch.cuda.max_memory_reserved() / 2**30:.2f} GiB")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         runner.prefill(runner.new_state(), ids)
@@ -117,6 +122,8 @@ def main() -> None:
     print(f"{args.mode} prefill of {args.tokens:,} tokens: wall {wall:.3f} s (profiled)")
     print(f"H2D copies active {total(cu):.3f} s, compute active {total(ku):.3f} s, both at once {both:.3f} s "
           f"({both / max(1e-9, min(total(cu), total(ku))):.0%} of the shorter)")
+    # The GPU waits on the host wherever no kernel runs: the wall less the kernels' union is that idle time.
+    print(f"GPU idle (no kernel running) {wall - total(ku):.3f} s of the {wall:.3f} s wall")
     print("host-side calls that can wait for the GPU:")
     for row in prof.key_averages():
         if row.key.startswith(SYNC_NAMES) or row.key.strip() in (s.strip() for s in SYNC_NAMES):
