@@ -316,6 +316,9 @@ class Engine:
         out.update(self.runner.counters)
         if self.model.cache is not None:
             out.update(self.model.cache.counters())
+        pairs = getattr(self.model.kernels.attention, "pairs", None)
+        if pairs is not None:  # FlashInfer: chunk pairs attended in one call, and pairs kept apart
+            out.update(pairs.counters())
         if self.device.type == "cuda":
             out["vram_allocated"] = torch.cuda.memory_allocated(self.device)
         return out

@@ -14,14 +14,15 @@ from .memory import VramBudget, gib
 # Every decision, in display order. The names are also the keys of `Engine.plan` and of `to_dict()`.
 DECISIONS = ("device", "dtype", "vram_budget", "max_context", "prefill_chunk", "experts", "linears", "fp8_prefill",
              "slots", "bank", "stream_buffers", "overlap", "prefill_mode", "prefill_window", "slot_prefill_tokens",
-             "attention", "gdn", "moe", "decode", "prefill_kernels", "cuda_graphs", "routing", "threads")
+             "attention", "prefill_attention", "attention_pairs", "gdn", "moe", "decode", "prefill_kernels", "cuda_graphs", "routing", "threads")
 # EngineOptions field -> the decision that reports it (a test holds every field to one).
 OPTION_DECISIONS = {"prefill_chunk": "prefill_chunk", "prefill_mode": "prefill_mode", "overlap": "overlap",
                     "cuda_graphs": "cuda_graphs", "routing": "routing", "max_context": "max_context",
                     "vram_budget": "vram_budget", "expert_slots": "slots", "prefill_window": "prefill_window",
                     "expert_format": "experts", "linear_format": "linears", "slot_prefill_tokens": "slot_prefill_tokens",
                     "fp8_prefill": "fp8_prefill", "decode_kernels": "decode", "prefill_kernels": "prefill_kernels",
-                    "gdn_graphs": "gdn", "threads": "threads"}
+                    "gdn_graphs": "gdn", "attention_pairs": "attention_pairs",
+                    "prefill_attention": "prefill_attention", "threads": "threads"}
 
 
 def decisions_dict(decided) -> dict[str, Any]:
@@ -83,6 +84,8 @@ class EngineConfig:
     routing: str | None  # a synthetic routing trace (benchmarks), described; None = the model's router
     threads: int | None  # torch CPU threads, set at engine build on the CPU; None on a GPU (left as torch has it)
     prefill_kernels: str = "torch"  # prefill's small kernels (norms, GDN conv): "fused" (Triton) | "torch"
+    attention_pairs: bool = False  # layer-major prefill attends two adjacent chunks in one call where byte-identical
+    prefill_attention: str = "ragged"  # FlashInfer prefill over the KV as "ragged" rows | "paged"; "sdpa" without it
     vram: VramBudget | None = None  # the VRAM arithmetic on a GPU
     reasons: dict = field(default_factory=dict)  # decision -> one line
     overridden: frozenset = frozenset()  # decisions the user set
@@ -115,6 +118,8 @@ class EngineConfig:
             return "whole prompt" if value is None else value
         if name == "routing":
             return value or "the model's router"
+        if name == "attention_pairs":
+            return "pairs of chunks where byte-identical" if value else "one call per chunk"
         if name == "threads":
             return "torch's default" if value is None else value
         return value

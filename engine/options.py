@@ -15,6 +15,8 @@ FP8_PREFILL = ("auto", "dequantize", "scaled-mm")
 DECODE_KERNELS = ("auto", "fused", "fused-pdl", "reference")
 PREFILL_KERNELS = ("auto", "fused", "torch")
 GDN_GRAPHS = ("auto", "on", "off")
+ATTENTION_PAIRS = ("auto", "on", "off")
+PREFILL_ATTENTION = ("auto", "ragged", "paged")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -74,6 +76,13 @@ class EngineOptions:
     # layer and chunk (kernels/gdn_graph.py: no host time for fla's ~8 launches a call); "off" = the plain
     # call; "auto" = off until its GPU A/B.
     gdn_graphs: str = "auto"
+    # Layer-major prefill's attention over two adjacent chunks in one FlashInfer call, where the plans show it
+    # gives each chunk its own call's bytes (model/attention_pairs.py): "on", "off"; "auto" = off (no gain measured
+    # at 8,192-token chunks on the H200).
+    attention_pairs: str = "auto"
+    # How FlashInfer's prefill reads the KV cache: "ragged" = the pages as contiguous rows (one sequence owns
+    # them in order; FA3 loads them with TMA), "paged" = through the page table; "auto" = ragged.
+    prefill_attention: str = "auto"
     # CPU threads for torch (set once when a CPU engine is built); None = physical cores less one, at most 8.
     threads: int | None = None
 
@@ -107,6 +116,10 @@ class EngineOptions:
             raise OptionError(f"prefill_kernels {self.prefill_kernels!r} is not one of {', '.join(PREFILL_KERNELS)}")
         if self.gdn_graphs not in GDN_GRAPHS:
             raise OptionError(f"gdn_graphs {self.gdn_graphs!r} is not one of {', '.join(GDN_GRAPHS)}")
+        if self.prefill_attention not in PREFILL_ATTENTION:
+            raise OptionError(f"prefill_attention {self.prefill_attention!r} is not one of {', '.join(PREFILL_ATTENTION)}")
+        if self.attention_pairs not in ATTENTION_PAIRS:
+            raise OptionError(f"attention_pairs {self.attention_pairs!r} is not one of {', '.join(ATTENTION_PAIRS)}")
         if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                                          or self.threads < 1):
             raise OptionError(f"threads must be a positive number of CPU threads, got {self.threads!r}")

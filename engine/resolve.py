@@ -103,6 +103,8 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
     if opts.gdn_graphs != "auto":
         d.overridden.add("gdn")
         d.reasons["gdn"] = f"overridden by user (gdn_graphs={opts.gdn_graphs}); " + d.reasons["gdn"]
+    pairs = _attention_pairs(opts, kernels["attention"][0], mode, d)
+    prefill_attention = _prefill_attention(opts, kernels["attention"][0], d)
     graphs = _cuda_graphs(opts, dev, kernels, d)
     if routing is None and opts.routing is not None:
         routing = str(opts.routing)  # the engine passes RoutingSpec.describe(); a bare spec is shown as given
@@ -118,7 +120,8 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
         stream_buffers=stream, overlap=overlap, prefill_mode=mode, layer_major_min_tokens=threshold,
         prefill_window=opts.prefill_window, slot_prefill_tokens=slot_prefill, attention=kernels["attention"][0],
         gdn=kernels["gdn"][0], moe=kernels["moe"][0], decode=kernels["decode"][0], cuda_graphs=graphs,
-        routing=routing, threads=threads, prefill_kernels=kernels["prefill_kernels"][0], vram=vram, reasons=dict(d.reasons), overridden=frozenset(d.overridden))
+        routing=routing, threads=threads, prefill_kernels=kernels["prefill_kernels"][0], attention_pairs=pairs,
+        prefill_attention=prefill_attention, vram=vram, reasons=dict(d.reasons), overridden=frozenset(d.overridden))
 
 
 def _copy(d: _Decisions, machine, name: str, as_name: str) -> None:
@@ -358,6 +361,50 @@ def _slot_prefill(opts: EngineOptions, slots: int | None, d: _Decisions) -> int:
     else:
         d.auto("slot_prefill_tokens", why)
     return n
+
+
+def _prefill_attention(opts: EngineOptions, attention: str, d: _Decisions) -> str:
+    """How FlashInfer's prefill reads the KV cache."""
+    asked = opts.prefill_attention
+    if attention != "flashinfer":
+        why = "torch SDPA over the contiguous KV cache (no FlashInfer)"
+        if asked != "auto":
+            d.user("prefill_attention", f"prefill_attention={asked}", "sdpa", why, "it applies to FlashInfer only")
+        else:
+            d.auto("prefill_attention", why)
+        return "sdpa"
+    why = ("ragged: the pages read as contiguous rows (one sequence owns them in order), which FA3 loads with TMA: "
+           "a 120K prompt's attention 0.70x the paged kernel's time on the H200, FA2 0.94x (docs/RESULTS.md "
+           "session 12)")
+    if asked != "auto":
+        d.user("prefill_attention", f"prefill_attention={asked}", "ragged", why)
+        return asked
+    d.auto("prefill_attention", why)
+    return "ragged"
+
+
+def _attention_pairs(opts: EngineOptions, attention: str, mode: str, d: _Decisions) -> bool:
+    """Layer-major prefill's attention over two chunks in one FlashInfer call where byte-identical."""
+    asked = opts.attention_pairs
+    if attention != "flashinfer" or mode != "layer-major":
+        why = ("pairs are FlashInfer prefill calls" if attention != "flashinfer" else
+               "pairs are chunks of a layer-major pass; this prefill is chunked")
+        if asked == "on":
+            raise OptionError(f"attention_pairs=on does not apply here: {why}; use attention_pairs=auto")
+        if asked == "off":
+            d.user("attention_pairs", "attention_pairs=off", "off", why)
+        else:
+            d.auto("attention_pairs", f"one call per chunk: {why}")
+        return False
+    why = ("pairs: one FlashInfer call over two adjacent chunks where both chunks' plans and the pair's show the "
+           "same q tile, no KV split and a tile-aligned start (the same bytes); auto: off, at 8,192-token chunks a "
+           "call already fills the GPU (the attention of a 120K prompt 1.006x with pairs, 16K 0.946x: 2.5 ms; "
+           "docs/RESULTS.md session 12)")
+    if asked != "auto":
+        d.user("attention_pairs", f"attention_pairs={asked}", "off", why)
+    else:
+        d.auto("attention_pairs", "one call per chunk; " + why)
+    return asked == "on"
 
 
 def _capability(profile) -> tuple[int, int] | None:

@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=122880)
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--arms", default="paged-fa3,ragged-fa3,paged-fa3-pairs,paged-fa2,ragged-fa2,paged-fa2-pairs")
+    ap.add_argument("--arms", default="paged-fa3,ragged-fa3,paged-fa3-pairs,ragged-fa3-pairs,paged-fa2,ragged-fa2,paged-fa2-pairs")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     pages = -(-args.tokens // PAGE)

@@ -18,7 +18,8 @@ import sys, torch
 from qwenlocal.engine.model.attention_backends import FlashInferAttention, SdpaAttention
 guard = sys.argv[1] == "on"
 hq, hkv, d, dtype, dev = 16, 2, 256, torch.bfloat16, torch.device("cuda")
-fi, sd = FlashInferAttention(hq, hkv, d, dtype, dev, max_len=4096), SdpaAttention(hq, hkv, d)
+fi = FlashInferAttention(hq, hkv, d, dtype, dev, max_len=4096, prefill_kv=sys.argv[2])
+sd = SdpaAttention(hq, hkv, d)
 fi.plan_guard = guard
 fkv, skv = fi.new_kv(dtype, dev, 4096), sd.new_kv(dtype, dev, 4096)
 gen = torch.Generator(device="cuda").manual_seed(0)
@@ -39,8 +40,8 @@ print("ERR", err)
 """
 
 
-def run(guard: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CHECK, guard], capture_output=True, text=True, timeout=600)
+def run(guard: str, kv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CHECK, guard, kv], capture_output=True, text=True, timeout=600)
 
 
 def error_of(proc: subprocess.CompletedProcess) -> float | None:
@@ -48,14 +49,16 @@ def error_of(proc: subprocess.CompletedProcess) -> float | None:
     return float(lines[-1].split()[1]) if lines and proc.returncode == 0 else None
 
 
-def test_planning_waits_for_the_previous_plans_copy():
-    on = run("on")
+@pytest.mark.parametrize("kv", ["ragged", "paged"])
+def test_planning_waits_for_the_previous_plans_copy(kv):
+    on = run("on", kv)
     assert error_of(on) is not None, on.stderr[-2000:]
     assert error_of(on) <= 2e-2
 
 
-def test_without_the_guard_the_first_chunk_reads_the_second_plan():
+@pytest.mark.parametrize("kv", ["ragged", "paged"])
+def test_without_the_guard_the_first_chunk_reads_the_second_plan(kv):
     """Negative control: the same run with the wait removed is wrong or crashes."""
-    off = run("off")
+    off = run("off", kv)
     err = error_of(off)
     assert err is None or err > 0.1, (err, off.stderr[-2000:])

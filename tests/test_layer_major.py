@@ -235,17 +235,17 @@ def test_every_attention_call_runs_on_its_own_plan_and_no_plan_is_wasted(tiny_ck
     eng = Engine.from_pretrained(tiny_ckpt, device="cpu", options={"prefill_chunk": CHUNK, "expert_slots": 20,
                                                                    "prefill_mode": mode})
     backend, log = eng.model.kernels.attention, []
-    prepare, attend = backend.prepare, backend.attend
+    prepare, attend = backend.prepare, backend.attend_rows
 
     def logged_prepare(start, t, decode):
         log.append(("plan", start, t))
         return prepare(start, t, decode)
 
-    def logged_attend(kv, q, k, v, positions, start, decode):
+    def logged_attend(kv, q, start, decode):
         log.append(("attend", start, q.shape[0]))
-        return attend(kv, q, k, v, positions, start, decode)
+        return attend(kv, q, start, decode)
 
-    backend.prepare, backend.attend = logged_prepare, logged_attend
+    backend.prepare, backend.attend_rows = logged_prepare, logged_attend
     length = 3 * CHUNK + 9
     eng.runner.prefill(eng.runner.new_state(), torch.arange(length))
     plans = [e for e in log if e[0] == "plan"]

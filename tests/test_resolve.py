@@ -38,7 +38,8 @@ OTHER_VALUES = {"prefill_chunk": 512, "prefill_mode": "chunked", "overlap": "off
                 "routing": "uniform", "max_context": 1024, "vram_budget": "16GiB", "expert_slots": 8,
                 "prefill_window": 16, "expert_format": "dense", "linear_format": "dequantized",
                 "slot_prefill_tokens": 0, "fp8_prefill": "scaled-mm", "decode_kernels": "reference",
-                "prefill_kernels": "torch", "gdn_graphs": "off", "threads": 1}
+                "prefill_kernels": "torch", "gdn_graphs": "off", "attention_pairs": "off", "prefill_attention": "paged",
+                "threads": 1}
 OPTIONS = [{}, {"expert_slots": 8}, {"expert_slots": 60}, {"expert_slots": 8, "prefill_mode": "chunked"},
            {"prefill_mode": "layer-major"}, {"expert_slots": 12, "overlap": "copy-side", "slot_prefill_tokens": 0},
            {"cuda_graphs": False, "decode_kernels": "reference"}, {"vram_budget": "16GiB"}]

@@ -50,11 +50,21 @@ class SdpaAttention:
     def prepare(self, start: int, t: int, decode: bool) -> None:
         pass
 
-    def attend(self, kv: ContiguousKV, q, k, v, positions: torch.Tensor, start: int, decode: bool) -> torch.Tensor:
-        t = q.shape[0]
+    def write(self, kv: ContiguousKV, k, v, positions: torch.Tensor, start: int) -> None:
         kv.write(start, k, v)
-        k_all, v_all = kv.read(start + t)
+
+    def attend_rows(self, kv: ContiguousKV, q, start: int, decode: bool) -> torch.Tensor:
+        """Attention of q (rows start..) over a cache that already holds their k and v."""
+        k_all, v_all = kv.read(start + q.shape[0])
         return sdpa_causal(q, k_all, v_all, start, self.head_dim ** -0.5)
+
+    def attend(self, kv: ContiguousKV, q, k, v, positions: torch.Tensor, start: int, decode: bool) -> torch.Tensor:
+        self.write(kv, k, v, positions, start)
+        return self.attend_rows(kv, q, start, decode)
+
+    def pair_plan(self, start: int, lengths: list[int]) -> list[tuple[int, ...]]:
+        """SDPA never takes two chunks in one call (its matmul shapes, so its bytes, would change)."""
+        return [(i,) for i in range(len(lengths))]
 
 
 @dataclass
@@ -80,16 +90,31 @@ class FlashInferAttention:
     graph_safe = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device, max_len: int, page_size: int = 16):
+                 device: torch.device, max_len: int, page_size: int = 16, pairs: bool = False,
+                 backend: str = "auto", prefill_kv: str = "ragged"):
+        """pairs: prefill attention over two adjacent chunks in one call where that is byte-identical (the
+        layer-major path asks); backend: FlashInfer's prefill backend ("auto": fa3 on sm_90, else fa2);
+        prefill_kv: "ragged" = prefill reads the pages as contiguous rows (one sequence owns them in order), or
+        "paged" = through the page table."""
         import flashinfer
+
+        if prefill_kv not in ("ragged", "paged"):
+            raise ValueError(f"prefill_kv must be 'ragged' or 'paged', got {prefill_kv!r}")
 
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dtype, self.device, self.page_size = dtype, device, page_size
         self.max_pages = math.ceil(max_len / page_size)
         self.workspace_bytes = 2 * _WORKSPACE_BYTES
         # Prefill and decode keep separate workspaces: a decode plan must not clobber a captured graph's data.
-        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device), kv_layout="NHD")
+        # Prefill reads the KV as ragged rows: FA3 loads contiguous rows with TMA, where pages of 16 take gathers;
+        # one 120K prompt's attention per layer 185.8 against 264.6 ms on the H200 (0.70x; FA2 0.94x;
+        # scripts/bench_prefill_attention.py, docs/RESULTS.md session 12).
+        self.prefill_kv = prefill_kv
+        workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        if prefill_kv == "ragged":
+            self.prefill = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, kv_layout="NHD", backend=backend)
+        else:
+            self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD", backend=backend)
         self._indptr = torch.zeros(2, dtype=torch.int32, device=device)
         self._indices = torch.arange(self.max_pages, dtype=torch.int32, device=device)
         self._last = torch.zeros(1, dtype=torch.int32, device=device)
@@ -106,6 +131,9 @@ class FlashInferAttention:
         # previous plan's copy; the next plan waits for it, not for the whole GPU.
         self._planned = {"prefill": torch.cuda.Event(), "decode": torch.cuda.Event()}
         self.plan_guard = True  # the GPU test's negative control turns it off
+        from .attention_pairs import AttentionPairs
+
+        self.pairs = AttentionPairs(enabled=pairs)
 
     def new_kv(self, dtype: torch.dtype, device: torch.device, max_len: int) -> PagedKV:
         shape = (self.max_pages, self.page_size, self.num_kv_heads, self.head_dim)
@@ -124,16 +152,46 @@ class FlashInferAttention:
             self.decode.plan(indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim,
                              self.page_size, pos_encoding_mode="NONE", q_data_type=self.dtype,
                              kv_data_type=self.dtype)
+        elif self.prefill_kv == "ragged":
+            self.prefill.plan(torch.tensor([0, t], dtype=torch.int32), torch.tensor([0, kv_len], dtype=torch.int32),
+                              self.num_heads, self.num_kv_heads, self.head_dim, causal=True,
+                              q_data_type=self.dtype, kv_data_type=self.dtype)
         else:
             self.prefill.plan(torch.tensor([0, t], dtype=torch.int32), indptr, indices, last, self.num_heads,
                               self.num_kv_heads, self.head_dim, self.page_size, causal=True,
                               q_data_type=self.dtype, kv_data_type=self.dtype)
         planned.record()
 
-    def attend(self, kv: PagedKV, q, k, v, positions: torch.Tensor, start: int, decode: bool) -> torch.Tensor:
+    def write(self, kv: PagedKV, k, v, positions: torch.Tensor, start: int) -> None:
         kv.write(positions, k, v)
-        wrapper = self.decode if decode else self.prefill
-        return wrapper.run(q.contiguous(), (kv.k, kv.v))
+
+    def attend_rows(self, kv: PagedKV, q, start: int, decode: bool) -> torch.Tensor:
+        """Attention of q (rows start..) over a cache that already holds their k and v, with the plan `prepare`
+        made for (start, len(q))."""
+        if decode:
+            return self.decode.run(q.contiguous(), (kv.k, kv.v))
+        if self.prefill_kv == "ragged":
+            end = start + q.shape[0]
+            k_rows, v_rows = self.decode_rows(kv)
+            return self.prefill.run(q.contiguous(), k_rows[:end], v_rows[:end])
+        return self.prefill.run(q.contiguous(), (kv.k, kv.v))
+
+    def attend(self, kv: PagedKV, q, k, v, positions: torch.Tensor, start: int, decode: bool) -> torch.Tensor:
+        self.write(kv, k, v, positions, start)
+        return self.attend_rows(kv, q, start, decode)
+
+    def pair_plan(self, start: int, lengths: list[int]) -> list[tuple[int, ...]]:
+        """Chunks of one prefill window (lengths, from position start) grouped for attention: adjacent pairs
+        where one prefill call over both gives each chunk's own call's bytes (attention_pairs.py), else one."""
+        return self.pairs.plan(self, start, lengths)
+
+    def plan_facts(self, qo_len: int, kv_len: int):
+        """The prefill plan FlashInfer makes for qo_len rows ending at kv_len (made on the prefill wrapper, so
+        before the window's first real plan), as PlanFacts."""
+        from .attention_pairs import plan_facts
+
+        self.prepare(kv_len - qo_len, qo_len, decode=False)
+        return plan_facts(self.prefill, self.head_dim)
 
     @staticmethod
     def decode_rows(kv: PagedKV) -> tuple[torch.Tensor, torch.Tensor]:

@@ -62,14 +62,18 @@ def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, m
             choices["attention"] = ("sdpa", "torch SDPA: forced by the attention option (no CUDA graphs with this "
                                             "backend)")
     return build_kernels(cfg, device, dtype, max_len, choices,
-                         config.prefill_chunk if config is not None else None)
+                         config.prefill_chunk if config is not None else None,
+                         config.attention_pairs if config is not None else False,
+                         config.prefill_attention if config is not None else "ragged")
 
 
 def build_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_len: int,
-                  choices: dict[str, tuple[str, str]], prefill_chunk: int | None = None) -> Kernels:
+                  choices: dict[str, tuple[str, str]], prefill_chunk: int | None = None,
+                  attention_pairs: bool = False, prefill_attention: str = "ragged") -> Kernels:
     a = cfg.attention
     if choices["attention"][0] == "flashinfer":
-        attn = FlashInferAttention(a.num_heads, a.num_kv_heads, a.head_dim, dtype, device, max_len)
+        attn = FlashInferAttention(a.num_heads, a.num_kv_heads, a.head_dim, dtype, device, max_len,
+                                   pairs=attention_pairs, prefill_kv=prefill_attention)
     else:
         attn = SdpaAttention(a.num_heads, a.num_kv_heads, a.head_dim)
     if choices["gdn"][0] in ("fla", "fla-graphs"):

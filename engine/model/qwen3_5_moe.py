@@ -29,18 +29,33 @@ class DecoderLayer:
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int,
                 decode: bool) -> torch.Tensor:
-        fused = self.kernels.fused_prefill and not decode  # prefill on a GPU: one Triton launch a norm
-        if fused:
-            from ..kernels.decode_norm import add_rms_norm
-
-            h = add_rms_norm(x, None, self.input_norm, self.eps)[1]
-        else:
-            h = rms_norm_zero_centered(x, self.input_norm, self.eps)
+        h = self._input_norm(x, decode)
         if self.is_attention:
             h = self.mixer.forward(h, positions, state, start, decode)
         else:
             h = self.mixer.forward(h, state, decode)
-        if fused:  # x + h rounded as torch rounds it, then its norm, in one launch
+        return self._mlp(x, h, decode)
+
+    def attention_begin(self, x: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int):
+        """A prefill chunk of an attention layer up to its attention kernel (q, gate; KV written): with
+        attention_end, forward split so that layer-major prefill can attend two chunks in one call."""
+        return self.mixer.begin(self._input_norm(x, False), positions, state, start)
+
+    def attention_end(self, x: torch.Tensor, q_gate, out: torch.Tensor) -> torch.Tensor:
+        return self._mlp(x, self.mixer.end(out, q_gate[1]), False)
+
+    def _input_norm(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
+        if self.kernels.fused_prefill and not decode:  # prefill on a GPU: one Triton launch a norm
+            from ..kernels.decode_norm import add_rms_norm
+
+            return add_rms_norm(x, None, self.input_norm, self.eps)[1]
+        return rms_norm_zero_centered(x, self.input_norm, self.eps)
+
+    def _mlp(self, x: torch.Tensor, h: torch.Tensor, decode: bool) -> torch.Tensor:
+        """The mixer's output h added to the residual x, its norm, the MoE, added again."""
+        if self.kernels.fused_prefill and not decode:  # x + h rounded as torch rounds it, then its norm, in one launch
+            from ..kernels.decode_norm import add_rms_norm
+
             x, h = add_rms_norm(x, h, self.post_norm, self.eps)
         else:
             x = x + h

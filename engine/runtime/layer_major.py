@@ -72,21 +72,35 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
         for x, (a, b) in zip(xs, bounds):
             x.copy_(model.embed_ids(ids[a:b]))
     attention, routing = model.kernels.attention, model.routing
+    lengths = [b - a for a, b in bounds]
+    singles = [(i,) for i in range(len(bounds))]
+    # Attention layers may take two chunks' q in one call where that gives each chunk its own call's bytes
+    # (model/attention_pairs.py); decided once per window, before any layer runs (it plans on the wrapper).
+    groups = attention.pair_plan(start, lengths) if any(layer.is_attention for layer in model.layers) else singles
+
+    def finish(i: int, out: torch.Tensor) -> None:
+        if park is None:
+            xs[i] = out
+        else:
+            xs[i].copy_(out)  # back into the parking bytes; `out` (one chunk) is freed right away
+
     try:
         for layer in model.layers:
             with dequantized_once():  # the layer's FP8/NVFP4 weights dequantized for its first chunk only
-                for i, (a, b) in enumerate(bounds):
+                for group in groups if layer.is_attention else singles:
                     if cancel is not None and cancel.is_set():
                         raise GenerationCancelled("prefill cancelled")
+                    if len(group) > 1:
+                        _attention_group(layer, attention, routing, state, xs, positions, bounds, start, group,
+                                         finish)
+                        continue
+                    i = group[0]
+                    a, b = bounds[i]
                     if layer.is_attention:  # the plan only serves attention layers (3 in 4 are GatedDeltaNet)
                         attention.prepare(start + a, b - a, decode=False)
                     if routing is not None:
                         routing.advance(a)  # the trace rows chunked prefill would give this chunk
-                    out = layer.forward(xs[i], positions[i], state, start + a, decode=False)
-                    if park is None:
-                        xs[i] = out
-                    else:
-                        xs[i].copy_(out)  # back into the parking bytes; `out` (one chunk) is freed right away
+                    finish(i, layer.forward(xs[i], positions[i], state, start + a, decode=False))
                     if routing is not None:
                         routing.advance(-a)
     except GenerationCancelled:
@@ -97,3 +111,21 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
     state.seq_len = start + ids.shape[0]
     return [model.final_norm(x) for x in xs]
 
+
+
+def _attention_group(layer, attention, routing, state: SequenceState, xs, positions, bounds, start: int,
+                     group: tuple[int, ...], finish) -> None:
+    """An attention layer over adjacent chunks with one attention call: each chunk's q/k/v (its KV written),
+    the call over their q together, then each chunk's gate, projection and MoE in order."""
+    begun = [layer.attention_begin(xs[i], positions[i], state, start + bounds[i][0]) for i in group]
+    first = bounds[group[0]][0]
+    rows = [bounds[i][1] - bounds[i][0] for i in group]
+    attention.prepare(start + first, sum(rows), decode=False)
+    out = attention.attend_rows(state.kv[layer.mixer.layer], torch.cat([q for q, _ in begun]), start + first, False)
+    for i, q_gate, part in zip(group, begun, out.split(rows)):
+        a = bounds[i][0]
+        if routing is not None:
+            routing.advance(a)
+        finish(i, layer.attention_end(xs[i], q_gate, part))
+        if routing is not None:
+            routing.advance(-a)
