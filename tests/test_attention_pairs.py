@@ -132,3 +132,15 @@ def test_the_pair_path_of_layer_major_is_byte_equal_to_one_call_per_chunk(tiny_c
     assert torch.equal(ca.slot_key, cb.slot_key) and torch.equal(ca.rows, cb.rows)
     for tok in (5, 9):  # decode right after resumes identically
         assert torch.equal(plain.runner.decode(sa, torch.tensor([tok])), paired.runner.decode(sb, torch.tensor([tok])))
+
+
+def test_the_fa2_prefill_workspace_holds_the_largest_split():
+    from qwenlocal.engine.model.attention_backends import prefill_workspace_bytes
+
+    mib = 2**20
+    assert prefill_workspace_bytes("fa3", 16, 2, 256, 132) == 128 * mib  # FA3 never splits the KV
+    # The plan that failed on the H200 (FA2, 64-token chunks at 16K): tmp_v 128 MiB + tmp_s 512 KiB did not fit
+    h200 = prefill_workspace_bytes("fa2", 16, 2, 256, 132)
+    assert h200 >= 16 * 132 * 128 * 256 * 4 * (1 + 1 / 256) > 128 * mib + 512 * 1024
+    assert prefill_workspace_bytes("fa2", 16, 2, 256, 70) >= 16 * 70 * 128 * 256 * 4  # a 70-SM card: 147 MB
+    assert prefill_workspace_bytes("fa2", 4, 2, 64, 20) == 128 * mib  # small geometries keep the default

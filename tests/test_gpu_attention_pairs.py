@@ -84,7 +84,8 @@ def test_a_layer_major_prefill_with_pairs_is_byte_equal_to_one_call_per_chunk():
         torch.cuda.synchronize()
         out[pairs] = (logits, state, eng.stats())
     (a, sa, stats), (b, sb, _) = out["on"], out["off"]
-    assert stats["attention_pairs"] == 3 and stats["attention_pair_fallbacks"] == 0  # (0,1) (2,3) (4,5)
+    # (0,1) (2,3) pair; (4,5) with its 100-token chunk pairs where its plan has the others' tile (FA3), else not
+    assert stats["attention_pairs"] >= 2 and stats["attention_pairs"] + stats["attention_pair_fallbacks"] == 3
     assert torch.equal(a, b)
     assert all(torch.equal(sa.recurrent[i], sb.recurrent[i]) for i in sa.recurrent)
     assert all(torch.equal(sa.conv[i], sb.conv[i]) for i in sa.conv)

@@ -19,6 +19,28 @@ import torch.nn.functional as F
 from .cache import ContiguousKV
 
 _WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's recommended plan/run workspace
+_SPLIT_MARGIN = 4 * 2**20  # the plan's other float buffers and their 16-byte alignment
+
+
+def prefill_workspace_bytes(backend: str, num_heads: int, num_kv_heads: int, head_dim: int, num_sm: int) -> int:
+    """The prefill wrapper's float workspace. FA2 splits the KV of short chunks at a long KV into at most
+    2 * SMs / kv_heads pieces and keeps every piece's partial output and softmax state in it (scheduler.cuh
+    PrefillPlan: tmp_v = heads x pieces x CTA_TILE_Q (<= 128) x head_dim fp32, tmp_s the same without head_dim):
+    277 MB on a 132-SM H200 and 147 MB on a 70-SM card at this model's geometry, past the 128 MiB a plan then
+    fails with ("Buffer overflow ... batch_prefill_tmp_s"). FA3 never splits."""
+    if backend != "fa2":
+        return _WORKSPACE_BYTES
+    pieces = 2 * num_sm // num_kv_heads
+    tmp_v = num_heads * pieces * 128 * head_dim * 4
+    return max(_WORKSPACE_BYTES, tmp_v + tmp_v // head_dim + _SPLIT_MARGIN)
+
+
+def prefill_backend(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """The backend FlashInfer's "auto" takes for this prefill (fa3 on sm_90 where it has the head dim, else fa2)."""
+    from flashinfer.utils import determine_attention_backend
+
+    return determine_attention_backend(device, 0, False, False, dtype, dtype, head_dim_qk=head_dim,
+                                       head_dim_vo=head_dim)
 
 
 def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, scale: float) -> torch.Tensor:
@@ -104,13 +126,16 @@ class FlashInferAttention:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dtype, self.device, self.page_size = dtype, device, page_size
         self.max_pages = math.ceil(max_len / page_size)
-        self.workspace_bytes = 2 * _WORKSPACE_BYTES
+        backend = prefill_backend(device, dtype, head_dim) if backend == "auto" else backend
+        num_sm = torch.cuda.get_device_properties(device).multi_processor_count
+        prefill_bytes = prefill_workspace_bytes(backend, num_heads, num_kv_heads, head_dim, num_sm)
+        self.workspace_bytes = prefill_bytes + _WORKSPACE_BYTES
         # Prefill and decode keep separate workspaces: a decode plan must not clobber a captured graph's data.
         # Prefill reads the KV as ragged rows: FA3 loads contiguous rows with TMA, where pages of 16 take gathers;
         # one 120K prompt's attention per layer 185.8 against 264.6 ms on the H200 (0.70x; FA2 0.94x;
         # scripts/bench_prefill_attention.py, docs/RESULTS.md session 12).
         self.prefill_kv = prefill_kv
-        workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        workspace = torch.empty(prefill_bytes, dtype=torch.uint8, device=device)
         if prefill_kv == "ragged":
             self.prefill = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, kv_layout="NHD", backend=backend)
         else:
