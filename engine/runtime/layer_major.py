@@ -112,7 +112,6 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
     return [model.final_norm(x) for x in xs]
 
 
-
 def _attention_group(layer, attention, routing, state: SequenceState, xs, positions, bounds, start: int,
                      group: tuple[int, ...], finish) -> None:
     """An attention layer over adjacent chunks with one attention call: each chunk's q/k/v (its KV written),
