@@ -104,9 +104,13 @@ class PairedSdpa(SdpaAttention):
         return torch.cat(outs)
 
 
-@pytest.mark.parametrize("length", [CHUNK * 4, CHUNK * 5 + 13])
-def test_the_pair_path_of_layer_major_is_byte_equal_to_one_call_per_chunk(tiny_ckpt, length):
-    base = {"prefill_chunk": CHUNK, "expert_slots": 20, "prefill_mode": "layer-major"}
+@pytest.mark.parametrize("length,extra", [(CHUNK * 4, {}), (CHUNK * 5 + 13, {}),
+                                          (CHUNK * 5 + 13, {"prefill_window": 2 * CHUNK}),
+                                          (CHUNK * 4, {"routing": {"seed": 3, "skew": 1.0, "reuse": 0.5, "window": 4, "length": 1000}})])
+def test_the_pair_path_of_layer_major_is_byte_equal_to_one_call_per_chunk(tiny_ckpt, length, extra):
+    """Also in windows (pairs are planned per window) and with a benchmark's routing trace (whose rows each
+    chunk's MoE must advance to, in the pair path too)."""
+    base = {"prefill_chunk": CHUNK, "expert_slots": 20, "prefill_mode": "layer-major", **extra}
     plain = Engine.from_pretrained(tiny_ckpt, device="cpu", options=base)
     paired = Engine.from_pretrained(tiny_ckpt, device="cpu", options=base)
     a = paired.model.cfg.attention
@@ -119,9 +123,10 @@ def test_the_pair_path_of_layer_major_is_byte_equal_to_one_call_per_chunk(tiny_c
     sa, sb = plain.runner.new_state(), paired.runner.new_state()
     la = plain.runner.prefill(sa, ids, all_logits=True)
     lb = paired.runner.prefill(sb, ids, all_logits=True)
-    chunks = -(-length // CHUNK)
+    window = extra.get("prefill_window", length)
+    pairs = sum(-(-min(window, length - w0) // CHUNK) // 2 for w0 in range(0, length, window))
     attention_layers = sum(layer.is_attention for layer in paired.model.layers)
-    assert backend.pair_calls == attention_layers * (chunks // 2)  # the pair path ran, every attention layer
+    assert pairs >= 1 and backend.pair_calls == attention_layers * pairs  # the pair path ran, every attention layer
     assert torch.equal(la, lb)
     for i in sa.kv:
         assert torch.equal(sa.kv[i].k[:length], sb.kv[i].k[:length])
