@@ -90,3 +90,28 @@ def kernel_choices(model: ModelInfo, dev: str, dtype: str, decode_kernels: str, 
                                            "Triton launch each instead of ~10 torch ops each: launches and host time "
                                            "in a host-bound prefill")
     return out
+
+
+def attention_choices(attention: str, mode: str, prefill_attention: str, attention_pairs: str) -> dict:
+    """option -> (value, auto's value, reason, note) for how FlashInfer's prefill reads the KV cache and whether
+    layer-major pairs its chunks in one call; OptionError where an asked value cannot apply."""
+    if attention != "flashinfer":
+        read = ("sdpa", "sdpa", "torch SDPA over the contiguous KV cache (no FlashInfer)", "it applies to FlashInfer only")
+    else:
+        why = ("ragged: the pages read as contiguous rows (one sequence owns them in order), which FA3 loads with "
+               "TMA: a 120K prompt's attention 0.70x the paged kernel's time on the H200, FA2 0.94x "
+               "(docs/RESULTS.md session 12)")
+        read = ("ragged" if prefill_attention == "auto" else prefill_attention, "ragged", why, "")
+    if attention != "flashinfer" or mode != "layer-major":
+        why = ("pairs are FlashInfer prefill calls" if attention != "flashinfer" else
+               "pairs are chunks of a layer-major pass; this prefill is chunked")
+        if attention_pairs == "on":
+            raise OptionError(f"attention_pairs=on does not apply here: {why}; use attention_pairs=auto")
+        pairs = (False, "off", f"one call per chunk: {why}", "")
+    else:
+        why = ("one call per chunk; pairs: one FlashInfer call over two adjacent chunks where both chunks' plans and "
+               "the pair's show the same q tile, no KV split and a tile-aligned start (the same bytes); auto: off, "
+               "at 8,192-token chunks a call already fills the GPU (the attention of a 120K prompt 1.006x with "
+               "pairs, 16K 0.946x: 2.5 ms; docs/RESULTS.md session 12)")
+        pairs = (attention_pairs == "on", "off", why, "")
+    return {"prefill_attention": read, "attention_pairs": pairs}

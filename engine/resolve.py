@@ -15,7 +15,7 @@ from .cpu_threads import default_threads, physical_cores
 from .engine_config import EngineConfig, Software
 from .errors import FeatureUnavailableError, OptionError
 from .memory import DTYPE_BYTES, ModelInfo, VramBudget, borrows_stream, gib, prefill_chunk_for, stream_buffer_bytes
-from .kernel_rules import kernel_choices
+from .kernel_rules import attention_choices, kernel_choices
 from .options import EngineOptions
 from .plan import (_auto_layer_major, _auto_overlap, _chunk_decision, _Decisions, _device, _gpu_bank,
                    resolve_plan)
@@ -103,8 +103,7 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
     if opts.gdn_graphs != "auto":
         d.overridden.add("gdn")
         d.reasons["gdn"] = f"overridden by user (gdn_graphs={opts.gdn_graphs}); " + d.reasons["gdn"]
-    pairs = _attention_pairs(opts, kernels["attention"][0], mode, d)
-    prefill_attention = _prefill_attention(opts, kernels["attention"][0], d)
+    prefill_attention, pairs = _attention_options(opts, kernels["attention"][0], mode, d)
     graphs = _cuda_graphs(opts, dev, kernels, d)
     if routing is None and opts.routing is not None:
         routing = str(opts.routing)  # the engine passes RoutingSpec.describe(); a bare spec is shown as given
@@ -363,48 +362,18 @@ def _slot_prefill(opts: EngineOptions, slots: int | None, d: _Decisions) -> int:
     return n
 
 
-def _prefill_attention(opts: EngineOptions, attention: str, d: _Decisions) -> str:
-    """How FlashInfer's prefill reads the KV cache."""
-    asked = opts.prefill_attention
-    if attention != "flashinfer":
-        why = "torch SDPA over the contiguous KV cache (no FlashInfer)"
+def _attention_options(opts: EngineOptions, attention: str, mode: str, d: _Decisions) -> tuple[str, bool]:
+    """How FlashInfer's prefill reads the KV cache, and whether layer-major pairs its chunks (kernel_rules)."""
+    out = []
+    for name, (value, auto, why, note) in attention_choices(attention, mode, opts.prefill_attention,
+                                                            opts.attention_pairs).items():
+        asked = getattr(opts, name)
         if asked != "auto":
-            d.user("prefill_attention", f"prefill_attention={asked}", "sdpa", why, "it applies to FlashInfer only")
+            d.user(name, f"{name}={asked}", auto, why, note)
         else:
-            d.auto("prefill_attention", why)
-        return "sdpa"
-    why = ("ragged: the pages read as contiguous rows (one sequence owns them in order), which FA3 loads with TMA: "
-           "a 120K prompt's attention 0.70x the paged kernel's time on the H200, FA2 0.94x (docs/RESULTS.md "
-           "session 12)")
-    if asked != "auto":
-        d.user("prefill_attention", f"prefill_attention={asked}", "ragged", why)
-        return asked
-    d.auto("prefill_attention", why)
-    return "ragged"
-
-
-def _attention_pairs(opts: EngineOptions, attention: str, mode: str, d: _Decisions) -> bool:
-    """Layer-major prefill's attention over two chunks in one FlashInfer call where byte-identical."""
-    asked = opts.attention_pairs
-    if attention != "flashinfer" or mode != "layer-major":
-        why = ("pairs are FlashInfer prefill calls" if attention != "flashinfer" else
-               "pairs are chunks of a layer-major pass; this prefill is chunked")
-        if asked == "on":
-            raise OptionError(f"attention_pairs=on does not apply here: {why}; use attention_pairs=auto")
-        if asked == "off":
-            d.user("attention_pairs", "attention_pairs=off", "off", why)
-        else:
-            d.auto("attention_pairs", f"one call per chunk: {why}")
-        return False
-    why = ("pairs: one FlashInfer call over two adjacent chunks where both chunks' plans and the pair's show the "
-           "same q tile, no KV split and a tile-aligned start (the same bytes); auto: off, at 8,192-token chunks a "
-           "call already fills the GPU (the attention of a 120K prompt 1.006x with pairs, 16K 0.946x: 2.5 ms; "
-           "docs/RESULTS.md session 12)")
-    if asked != "auto":
-        d.user("attention_pairs", f"attention_pairs={asked}", "off", why)
-    else:
-        d.auto("attention_pairs", "one call per chunk; " + why)
-    return asked == "on"
+            d.auto(name, why)
+        out.append(value)
+    return out[0], out[1]
 
 
 def _capability(profile) -> tuple[int, int] | None:

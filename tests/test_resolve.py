@@ -309,3 +309,22 @@ def test_cpu_engine_sets_torch_threads(tiny_ckpt):
         assert eng.plan["threads"] == {"value": 1, "reason": eng.engine_config.reason("threads"), "by": "user"}
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_prefill_reads_ragged_rows_and_pairs_only_where_asked_and_possible():
+    gpu = resolve({"expert_slots": 2000}, BIG_NVFP4, fake.h200(), "cuda", ALL)
+    assert gpu.prefill_attention == "ragged" and not gpu.attention_pairs and gpu.layer_major
+    check_reasons(gpu)
+    asked = resolve({"expert_slots": 2000, "prefill_attention": "paged", "attention_pairs": "on"}, BIG_NVFP4,
+                    fake.h200(), "cuda", ALL)
+    assert asked.prefill_attention == "paged" and asked.attention_pairs
+    assert {"prefill_attention", "attention_pairs"} <= asked.overridden
+    no_fi = resolve({"expert_slots": 2000}, BIG_NVFP4, fake.h200(), "cuda", NO_FI)
+    assert no_fi.prefill_attention == "sdpa" and not no_fi.attention_pairs
+    with pytest.raises(OptionError, match="attention_pairs=on does not apply"):
+        resolve({"expert_slots": 2000, "prefill_mode": "chunked", "attention_pairs": "on"}, BIG_NVFP4, fake.h200(),
+                "cuda", ALL)
+    with pytest.raises(OptionError, match="attention_pairs"):
+        EngineOptions(attention_pairs="yes")
+    with pytest.raises(OptionError, match="prefill_attention"):
+        EngineOptions(prefill_attention="contiguous")
