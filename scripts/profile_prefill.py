@@ -7,7 +7,7 @@ CUDA trace: the prefill's wall time; the time H2D copies were active, compute ke
 once (the overlap); the host-side synchronizations (cudaDeviceSynchronize / cudaStreamSynchronize /
 cudaEventSynchronize / cudaMemcpy, count and total time) that could serialize the copy stream with compute;
 and the top kernels.
-    python scripts/profile_prefill.py [TOKENS] [--mode layer-major|chunked] [--option KEY=VALUE ...]
+    python scripts/profile_prefill.py [TOKENS] [--mode layer-major|chunked] [--shapes] [--option KEY=VALUE ...]
 (--option: any engine option, e.g. prefill_kernels=fused or prefill_chunk=4096, for an A/B of two runs.)
 """
 from __future__ import annotations
@@ -84,6 +84,8 @@ def main() -> None:
     ap.add_argument("tokens", nargs="?", type=int, default=16384)
     ap.add_argument("--mode", default="layer-major", choices=("layer-major", "chunked"))
     ap.add_argument("--model", default="synthetic:qwen3.6-35b-a3b")
+    ap.add_argument("--shapes", action="store_true",
+                    help="record input shapes: the copies and matmuls grouped by shape (where the copies come from)")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="an engine option (repeatable), e.g. prefill_kernels=fused")
     args = ap.parse_args()
@@ -106,7 +108,7 @@ def main() -> None:
     # The plan reserves engine/memory.py workspace_bytes(chunk) for this: the measured figures to set it by.
     print(f"prefill memory: transient peak {(torch.cuda.max_memory_allocated() - held) / 2**20:,.0f} MiB above "
           f"the {held / 2**30:.2f} GiB held; allocator reserved peak {torch.cuda.max_memory_reserved() / 2**30:.2f} GiB")
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=args.shapes) as prof:
         t0 = time.perf_counter()
         runner.prefill(runner.new_state(), ids)
         torch.cuda.synchronize()
@@ -129,6 +131,12 @@ def main() -> None:
         if row.key.startswith(SYNC_NAMES) or row.key.strip() in (s.strip() for s in SYNC_NAMES):
             print(f"  {row.key:32} x{row.count:6}  {row.cpu_time_total / 1e3:9.1f} ms")
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
+    if args.shapes:  # which tensors the copies and matmuls move: the shapes name their call sites
+        for name in ("aten::copy_", "aten::mm", "aten::cat"):
+            rows = sorted((r for r in prof.key_averages(group_by_input_shape=True) if r.key == name),
+                          key=lambda r: -r.self_device_time_total)[:8]
+            for r in rows:
+                print(f"  {name:12} x{r.count:5} {r.self_device_time_total / 1e3:9.1f} ms  {str(r.input_shapes)[:110]}")
     sites = sync_sites(lambda: runner.prefill(runner.new_state(), ids))
     print(f"synchronizing ops in one prefill: {sum(sites.values())}")
     for site, n in sites.most_common(15):
