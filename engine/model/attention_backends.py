@@ -164,25 +164,28 @@ class FlashInferAttention:
         shape = (self.max_pages, self.page_size, self.num_kv_heads, self.head_dim)
         return PagedKV(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
+    def _page_table(self, kv_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(indptr, indices, last page's length) of the one sequence's first kv_len positions, on the host."""
+        pages = math.ceil(kv_len / self.page_size)
+        return (torch.tensor([0, pages], dtype=torch.int32), self._host_indices[:pages],
+                torch.tensor([kv_len - (pages - 1) * self.page_size], dtype=torch.int32))
+
     def prepare(self, start: int, t: int, decode: bool) -> None:
         kv_len = start + t
-        pages = math.ceil(kv_len / self.page_size)
-        indptr = torch.tensor([0, pages], dtype=torch.int32)
-        last = torch.tensor([kv_len - (pages - 1) * self.page_size], dtype=torch.int32)
-        indices = self._host_indices[:pages]
         planned = self._planned["decode" if decode else "prefill"]
         if self.plan_guard:
             planned.synchronize()  # returns at once before the first record
         if decode:
+            indptr, indices, last = self._page_table(kv_len)
             self.decode.plan(indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim,
                              self.page_size, pos_encoding_mode="NONE", q_data_type=self.dtype,
                              kv_data_type=self.dtype)
-        elif self.prefill_kv == "ragged":
+        elif self.prefill_kv == "ragged":  # no page table: rows 0..kv_len-1
             self.prefill.plan(torch.tensor([0, t], dtype=torch.int32), torch.tensor([0, kv_len], dtype=torch.int32),
                               self.num_heads, self.num_kv_heads, self.head_dim, causal=True,
                               q_data_type=self.dtype, kv_data_type=self.dtype)
         else:
-            self.prefill.plan(torch.tensor([0, t], dtype=torch.int32), indptr, indices, last, self.num_heads,
+            self.prefill.plan(torch.tensor([0, t], dtype=torch.int32), *self._page_table(kv_len), self.num_heads,
                               self.num_kv_heads, self.head_dim, self.page_size, causal=True,
                               q_data_type=self.dtype, kv_data_type=self.dtype)
         planned.record()
@@ -211,8 +214,8 @@ class FlashInferAttention:
         return self.pairs.plan(self, start, lengths)
 
     def plan_facts(self, qo_len: int, kv_len: int):
-        """The prefill plan FlashInfer makes for qo_len rows ending at kv_len (made on the prefill wrapper, so
-        before the window's first real plan), as PlanFacts."""
+        """The prefill plan FlashInfer makes for qo_len rows ending at kv_len, as PlanFacts (planned on the prefill
+        wrapper itself, so only before a window's first real plan)."""
         from .attention_pairs import plan_facts
 
         self.prepare(kv_len - qo_len, qo_len, decode=False)

@@ -33,7 +33,7 @@ class PlanFacts:
 
 
 def plan_facts(wrapper, head_dim: int) -> PlanFacts:
-    """What a planned BatchPrefillWithPagedKVCacheWrapper will run with (after its plan())."""
+    """What a planned FlashInfer prefill wrapper (ragged or paged) will run with (after its plan())."""
     backend = wrapper._backend
     if backend == "fa3":
         return PlanFacts("fa3", 192 if head_dim == 64 else 128, False, False)

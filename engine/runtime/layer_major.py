@@ -17,6 +17,7 @@ positions, so the recurrent state is restored to where the window began (KV past
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import torch
 
@@ -98,11 +99,8 @@ def _window(model: Qwen35MoeModel, state: SequenceState, ids: torch.Tensor, chun
                     a, b = bounds[i]
                     if layer.is_attention:  # the plan only serves attention layers (3 in 4 are GatedDeltaNet)
                         attention.prepare(start + a, b - a, decode=False)
-                    if routing is not None:
-                        routing.advance(a)  # the trace rows chunked prefill would give this chunk
-                    finish(i, layer.forward(xs[i], positions[i], state, start + a, decode=False))
-                    if routing is not None:
-                        routing.advance(-a)
+                    with _trace_rows(routing, a):
+                        finish(i, layer.forward(xs[i], positions[i], state, start + a, decode=False))
     except GenerationCancelled:
         state.restore(snap)
         raise
@@ -122,9 +120,15 @@ def _attention_group(layer, attention, routing, state: SequenceState, xs, positi
     attention.prepare(start + first, sum(rows), decode=False)
     out = attention.attend_rows(state.kv[layer.mixer.layer], torch.cat([q for q, _ in begun]), start + first, False)
     for i, q_gate, part in zip(group, begun, out.split(rows)):
-        a = bounds[i][0]
-        if routing is not None:
-            routing.advance(a)
-        finish(i, layer.attention_end(xs[i], q_gate, part))
-        if routing is not None:
-            routing.advance(-a)
+        with _trace_rows(routing, bounds[i][0]):
+            finish(i, layer.attention_end(xs[i], q_gate, part))
+
+
+@contextmanager
+def _trace_rows(routing, offset: int):
+    """A benchmark's routing trace at the rows chunked prefill would give the chunk at `offset` (none: no-op)."""
+    if routing is not None:
+        routing.advance(offset)
+    yield
+    if routing is not None:
+        routing.advance(-offset)
