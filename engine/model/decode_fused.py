@@ -29,6 +29,7 @@ import torch
 import triton
 
 from ..kernels import attention_decode as attention_decode_mod
+from ..kernels import nvfp4_experts_mma
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import gemv_mixed, gemv_norm, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
@@ -188,6 +189,20 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor
     return _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm)
 
 
+def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra, site: str):
+    """expert_gate_up's act, on the tensor cores where nvfp4_experts_mma.FUSED and the layer allows it (K in
+    whole split steps; its input norm's outputs fit fp16: moe.mma_ok, set by forward on an eager step).
+    site: the call site's arrival counters on moe (one set a launch site: serial, shared apart, routed)."""
+    cfg = nvfp4_experts_mma.CONFIG
+    if (nvfp4_experts_mma.FUSED and getattr(moe, "mma_ok", False)
+            and nvfp4_experts_mma.step_codes(moe.hidden, cfg["split"]) is not None):
+        n = ids.shape[-1] + (extra is not None)
+        counters = _counters(moe, site, h.device, n * triton.cdiv(moe.inter, cfg["block_n"]))
+        return nvfp4_experts_mma.expert_gate_up_mma(h, ids, rows, moe.hidden, moe.inter, extra, counters=counters,
+                                                    **cfg)
+    return expert_gate_up(h, ids, rows, moe.hidden, moe.inter, extra=extra)
+
+
 def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_scale, trace_ids, next_norm):
     """moe_decode after the router: the experts (and the shared one) of this token."""
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
@@ -201,7 +216,7 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         # The down projection leaves one fp32 part per expert ([k + 1, 1, H]); the next add_rms_norm sums them.
         if moe.overlap.split == "off":
             copy()
-            act = expert_gate_up(h, slots, rows, cfg_h, cfg_i, extra=gate_up_extra)
+            act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters")
             return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                      extra_scale=shared_scale, norm=_norm_tail(moe, next_norm, cfg_h))
         # The shared expert apart (on its stream beside the miss copy): the same two kernels' programs with no
@@ -211,12 +226,12 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         none = slots[:, :0]
 
         def shared_alone():
-            act_shared = expert_gate_up(h, none, rows, cfg_h, cfg_i, extra=gate_up_extra)
+            act_shared = _gate_up(moe, h, none, rows, gate_up_extra, "mma_counters_shared")
             expert_down_parts(act_shared, weights, none, rows, cfg_h, cfg_i, extra=down_extra,
                               extra_scale=shared_scale, out=parts[k:])
 
         moe.overlap.run(copy, shared_alone, h)
-        act = expert_gate_up(h, slots, rows, cfg_h, cfg_i)
+        act = _gate_up(moe, h, slots, rows, None, "mma_counters_routed")
         return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, out=parts, write_shared=False)
     # Dense experts (the BF16 checkpoint) or a dense shared expert: the fused router, then the unfused kernels.
     shared = moe.overlap.run(copy, lambda: shared_scale.to(h.dtype) * swiglu(h, *moe.shared), h)
@@ -248,6 +263,9 @@ def _forward(model, ids, positions, state, start):
     trace_ids = trace.one_token_ids() if trace is not None else None
     layers = model.layers
     normed = None  # the next norm, where the MoE's launch did it (parts_norm.FUSED)
+    if nvfp4_experts_mma.FUSED and not hasattr(layers[0].moe, "mma_ok"):  # once, on the first (eager) step
+        for layer in layers:
+            layer.moe.mma_ok = nvfp4_experts_mma.fp16_safe_norm(layer.post_norm, layer.moe.hidden)
     for i, layer in enumerate(layers):
         x, h = add_rms_norm(x, delta, layer.input_norm, eps) if normed is None else (x, normed)
         if layer.is_attention:
