@@ -1,8 +1,9 @@
 """Batch-1 NVFP4 expert gate/up on the tensor cores: expert_gate_up's output from fewer instructions a code.
 
-Why: expert_gate_up (nvfp4_experts_decode.py) spends ~9 SASS instructions a weight code on the H200 (decode,
-fp16 -> fp32, one FMA, the activations' loads and the reductions), so at 18.9M codes a layer it is bound by
-issue, not by its 10.6 MB (9.27 us against 2.2 us of HBM time, docs/RESULTS.md session 12). Here a code costs
+Why it was built: expert_gate_up (nvfp4_experts_decode.py) spends ~9 SASS instructions a weight code on the H200
+(decode, fp16 -> fp32, one FMA, the activations' loads and the reductions), and session 12 read it as bound by
+issue (9.27 us against 2.2 us of HBM time for its 10.6 MB). Measured, it is not: this kernel, at about half the
+instructions a code, is slower (FUSED below says by how much). It stays as an arm and a base. Here a code costs
 its decode (~2 instructions: two codes per shift/mask/or into one register of two fp16) and, in the default
 form, one fp16x2 multiply by its block scale a pair; the tensor cores do the multiply-adds (tl.dot, fp32
 accumulate). Two forms of one K step of STEP_K codes:
@@ -38,8 +39,11 @@ from .launch import gdc_prologue, last_to_arrive, new_counter, pdl_launch
 from .nvfp4_expert_rows import e4m3
 from .nvfp4_experts_decode import _check, _decode, _matrix, _row_offsets
 
-# The switch of the fused decode step (off until the paired A/B on the GPU says; profile_decode arm "mma") and the
-# launch it uses (the sweep's best, scripts/bench_nvfp4_experts_decode.py --grids mma).
+# The switch of the fused decode step (profile_decode arm "mma") and the launch it uses. Off: measured slower on
+# the H200 (session 13, docs/RESULTS.md): the sweep's best launch 13.47 us against expert_gate_up's 9.35 us at
+# the real geometry, and the resident 16K step 1.05-1.09x in five of five paired rounds, with about half the
+# SASS instructions a code. So expert_gate_up is not bound by issue: the next design has to put more bytes in
+# flight (wider loads, fewer dependent phases), not fewer instructions.
 FUSED = False
 CONFIG = dict(split=4, block_n=16, num_warps=1)
 
@@ -100,30 +104,41 @@ def _codes_fp16(words, DECODE: tl.constexpr):
 
 
 @triton.jit
-def _scaled_codes_fp16(words, sbytes, DECODE: tl.constexpr):
-    """int32 words [R, W] and each word's E4M3 block-scale byte [R, W] (uint8) -> fp16 [R, W * 8] of
+def _scale_x128(sbytes, DECODE: tl.constexpr):
+    """E4M3 scale bytes (uint8) -> scale * 2^7, exact: as an int32 of two equal fp16 (the GPU's FP8 conversion
+    and one fp16x2 multiply: 2^-2 .. 57,344 fits fp16), or fp32 in the interpreter's path."""
+    if DECODE == "asm":
+        out = tl.inline_asm_elementwise(
+            """{ .reg .b16 lo, hi; .reg .b32 k;
+            mov.b32 {lo, hi}, $1; cvt.rn.f16x2.e4m3x2 $0, lo; mov.b32 k, 0x58005800; mul.rn.f16x2 $0, $0, k; }""",
+            "=r,r", [sbytes.to(tl.int32) * 257], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        out = e4m3(sbytes, DECODE) * 128.0
+    return out
+
+
+@triton.jit
+def _scaled_codes_fp16(words, s2, DECODE: tl.constexpr):
+    """int32 words [R, W] and each word's scale * 2^7 [R, W] (_scale_x128's) -> fp16 [R, W * 8] of
     (e2m1 * 2^-14) * (scale * 2^7) = e2m1 * scale * 2^-7, codes in _codes_fp16's order. scale * 2^7 is exact in
     fp16 (2^-2 .. 57,344), and so is the product where it is an fp16 normal, |e2m1 * scale| >= 2^-7 (at most
     6 * 448 * 2^-7 = 21); smaller terms round to fp16 subnormals (absolute 2^-25 * 2^7 of a term)."""
     if DECODE == "asm":
         o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-            """{ .reg .b32 a, b, p, s2, k; .reg .b16 s16, hi;
-            mov.b32 {s16, hi}, $9; cvt.rn.f16x2.e4m3x2 s2, s16; mov.b32 k, 0x58005800; mul.rn.f16x2 s2, s2, k;
+            """{ .reg .b32 a, b, p;
             shl.b32 a, $8, 12; and.b32 a, a, 0x80008000; shl.b32 b, $8, 9; and.b32 b, b, 0x0E000E00;
-            or.b32 p, a, b; mul.rn.f16x2 p, p, s2; mov.b32 {$0, $4}, p;
+            or.b32 p, a, b; mul.rn.f16x2 p, p, $9; mov.b32 {$0, $4}, p;
             shl.b32 a, $8, 8; and.b32 a, a, 0x80008000; shl.b32 b, $8, 5; and.b32 b, b, 0x0E000E00;
-            or.b32 p, a, b; mul.rn.f16x2 p, p, s2; mov.b32 {$2, $6}, p;
+            or.b32 p, a, b; mul.rn.f16x2 p, p, $9; mov.b32 {$2, $6}, p;
             shl.b32 a, $8, 4; and.b32 a, a, 0x80008000; shl.b32 b, $8, 1; and.b32 b, b, 0x0E000E00;
-            or.b32 p, a, b; mul.rn.f16x2 p, p, s2; mov.b32 {$1, $5}, p;
+            or.b32 p, a, b; mul.rn.f16x2 p, p, $9; mov.b32 {$1, $5}, p;
             and.b32 a, $8, 0x80008000; shr.b32 b, $8, 3; and.b32 b, b, 0x0E000E00;
-            or.b32 p, a, b; mul.rn.f16x2 p, p, s2; mov.b32 {$3, $7}, p; }""",
-            "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sbytes.to(tl.int32) * 257], dtype=(tl.float16,) * 8, is_pure=True,
-            pack=1)
+            or.b32 p, a, b; mul.rn.f16x2 p, p, $9; mov.b32 {$3, $7}, p; }""",
+            "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, s2], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
         out = tl.reshape(_join8(o0, o1, o2, o3, o4, o5, o6, o7), [words.shape[0], words.shape[1] * 8])
-    else:
-        sc = e4m3(sbytes, DECODE) * 128.0  # exact; the product is exact in fp32, rounded once as mul.rn does
+    else:  # the product is exact in fp32, rounded once to fp16 as mul.rn does
         c = tl.reshape(_codes_fp16(words, DECODE), [words.shape[0], words.shape[1], 8]).to(tl.float32)
-        out = tl.reshape((c * sc[:, :, None]).to(tl.float16), [words.shape[0], words.shape[1] * 8])
+        out = tl.reshape((c * s2[:, :, None]).to(tl.float16), [words.shape[0], words.shape[1] * 8])
     return out
 
 
@@ -142,20 +157,31 @@ def _step_dot(w_ptr, s_ptr, rows, mask_n, k0, H, b, STEP_K: tl.constexpr, DECODE
     block scales multiply the decoded codes (fp16) and b holds x in every column (each column of the result is
     the row's dot); else b is block-diagonal (column c: group c's activations) and the scales multiply the
     result's columns."""
-    w = k0 // 8 + tl.arange(0, STEP_K // 8)
-    if SCALE_IN_A:
-        g = w // 2  # each word's scale byte (the two words of a group read the same byte)
+    if SCALE_IN_A:  # words as [rows, groups, 2]: a group's scale byte loaded once for its two words
+        G: tl.constexpr = STEP_K // 16
+        g = k0 // 16 + tl.arange(0, G)
+        w = (2 * g)[:, None] + tl.arange(0, 2)[None, :]  # [G, 2]
+        w_offs = rows[:, None, None] * (H // 8) + w[None, :, :]
+        s_offs = rows[:, None] * (H // 16) + g[None, :]
+        if MASKED:
+            words = tl.load(w_ptr + w_offs, mask=mask_n[:, None, None], other=0)
+            sc = tl.load(s_ptr + s_offs, mask=mask_n[:, None], other=0)
+        else:
+            words = tl.load(w_ptr + w_offs)
+            sc = tl.load(s_ptr + s_offs)
+        words = tl.reshape(words, [rows.shape[0], STEP_K // 8])
+        s2 = _scale_x128(sc, DECODE)  # once a group, then the same register for its two words
+        s2 = tl.reshape(tl.broadcast_to(s2[:, :, None], [rows.shape[0], G, 2]), [rows.shape[0], STEP_K // 8])
+        d = tl.dot(_scaled_codes_fp16(words, s2, DECODE), b)
     else:
+        w = k0 // 8 + tl.arange(0, STEP_K // 8)
         g = k0 // 16 + tl.arange(0, GROUPS)
-    if MASKED:
-        words = tl.load(w_ptr + (rows[:, None] * (H // 8) + w[None, :]), mask=mask_n[:, None], other=0)
-        sc = tl.load(s_ptr + (rows[:, None] * (H // 16) + g[None, :]), mask=mask_n[:, None], other=0)
-    else:
-        words = tl.load(w_ptr + (rows[:, None] * (H // 8) + w[None, :]))
-        sc = tl.load(s_ptr + (rows[:, None] * (H // 16) + g[None, :]))
-    if SCALE_IN_A:
-        d = tl.dot(_scaled_codes_fp16(words, sc, DECODE), b)
-    else:
+        if MASKED:
+            words = tl.load(w_ptr + (rows[:, None] * (H // 8) + w[None, :]), mask=mask_n[:, None], other=0)
+            sc = tl.load(s_ptr + (rows[:, None] * (H // 16) + g[None, :]), mask=mask_n[:, None], other=0)
+        else:
+            words = tl.load(w_ptr + (rows[:, None] * (H // 8) + w[None, :]))
+            sc = tl.load(s_ptr + (rows[:, None] * (H // 16) + g[None, :]))
         d = tl.dot(_codes_fp16(words, DECODE), b) * e4m3(sc, DECODE)
     return d
 
