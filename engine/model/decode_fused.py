@@ -16,7 +16,8 @@ the post-mixer add + RMSNorm into out_proj / o_proj (gemv_norm.FUSED), the next 
 MoE down projection (parts_norm.FUSED), GDN's gated norm and conv shift into its step
 (gdn_decode.NORM_SHIFT_TAIL). A fifth (gemv_mixed.MIXED) takes GDN's in_proj_b + a (BF16) into the FP8
 in_proj_qkv + z launch; a sixth (attention_decode.TRITON) runs the decode attention as one Triton launch with
-its split-KV merge inside, instead of FlashInfer's decode and merge kernels.
+its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a seventh (nvfp4_experts_mma.FUSED,
+off: measured slower) runs the experts' gate/up on the tensor cores.
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
