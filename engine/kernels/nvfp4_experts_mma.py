@@ -153,7 +153,8 @@ def _code_index(W: tl.constexpr):
 @triton.jit
 def _step_dot(w_ptr, s_ptr, rows, mask_n, k0, H, b, STEP_K: tl.constexpr, DECODE: tl.constexpr,
               MASKED: tl.constexpr, SCALE_IN_A: tl.constexpr):
-    """One K step (STEP_K codes from k0) of one matrix's rows, fp32 [BLOCK_N, 16] times 2^-14. SCALE_IN_A: the
+    """One K step (STEP_K codes from k0) of one matrix's rows, fp32 [BLOCK_N, 16] (times 2^-7 where SCALE_IN_A,
+    else 2^-14: the decoded weights' scaling). SCALE_IN_A: the
     block scales multiply the decoded codes (fp16) and b holds x in every column (each column of the result is
     the row's dot); else b is block-diagonal (column c: group c's activations) and the scales multiply the
     result's columns."""
