@@ -14,7 +14,8 @@ from .memory import VramBudget, gib
 # Every decision, in display order. The names are also the keys of `Engine.plan` and of `to_dict()`.
 DECISIONS = ("device", "dtype", "vram_budget", "max_context", "prefill_chunk", "experts", "linears", "fp8_prefill",
              "slots", "bank", "stream_buffers", "overlap", "prefill_mode", "prefill_window", "slot_prefill_tokens",
-             "attention", "prefill_attention", "attention_pairs", "gdn", "moe", "decode", "prefill_kernels", "cuda_graphs", "routing", "threads")
+             "attention", "prefill_attention", "attention_pairs", "gdn", "moe", "moe_prefill_blocks", "decode", "prefill_kernels",
+             "cuda_graphs", "routing", "threads")
 # EngineOptions field -> the decision that reports it (a test holds every field to one).
 OPTION_DECISIONS = {"prefill_chunk": "prefill_chunk", "prefill_mode": "prefill_mode", "overlap": "overlap",
                     "cuda_graphs": "cuda_graphs", "routing": "routing", "max_context": "max_context",
@@ -22,7 +23,8 @@ OPTION_DECISIONS = {"prefill_chunk": "prefill_chunk", "prefill_mode": "prefill_m
                     "expert_format": "experts", "linear_format": "linears", "slot_prefill_tokens": "slot_prefill_tokens",
                     "fp8_prefill": "fp8_prefill", "decode_kernels": "decode", "prefill_kernels": "prefill_kernels",
                     "gdn_graphs": "gdn", "attention_pairs": "attention_pairs",
-                    "prefill_attention": "prefill_attention", "threads": "threads"}
+                    "prefill_attention": "prefill_attention", "moe_prefill_blocks": "moe_prefill_blocks",
+                    "threads": "threads"}
 
 
 def decisions_dict(decided) -> dict[str, Any]:
@@ -86,6 +88,7 @@ class EngineConfig:
     prefill_kernels: str = "torch"  # prefill's small kernels (norms, GDN conv): "fused" (Triton) | "torch"
     attention_pairs: bool = False  # layer-major prefill attends two adjacent chunks in one call where byte-identical
     prefill_attention: str = "ragged"  # FlashInfer prefill over the KV as "ragged" rows | "paged"; "sdpa" without it
+    moe_prefill_blocks: str = "standard"  # the grouped prefill MoE kernels' row blocks: "standard" | "large"
     vram: VramBudget | None = None  # the VRAM arithmetic on a GPU
     reasons: dict = field(default_factory=dict)  # decision -> one line
     overridden: frozenset = frozenset()  # decisions the user set

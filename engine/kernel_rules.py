@@ -115,3 +115,17 @@ def attention_choices(attention: str, mode: str, prefill_attention: str, attenti
                "pairs, 16K 0.946x: 2.5 ms; docs/RESULTS.md session 12)")
         pairs = (attention_pairs == "on", "off", why, "")
     return {"prefill_attention": read, "attention_pairs": pairs}
+
+
+def moe_block_choice(moe: str, asked: str) -> tuple[str, str, str, str]:
+    """option -> (value, auto's value, reason, note) for the grouped prefill MoE kernels' row blocks;
+    OptionError where "large" cannot apply (no Triton grouped kernels)."""
+    if moe != "triton":
+        if asked == "large":
+            raise OptionError("moe_prefill_blocks=large applies to the Triton grouped MoE kernels; this engine runs "
+                              "the torch reference MoE: use moe_prefill_blocks=auto")
+        return ("standard", "standard", "the torch reference MoE has no row blocks", "")
+    why = ("standard: 32/64/128-row blocks by pairs an expert (NVFP4, choose_config), 32 (BF16); large: 256-row "
+           "blocks (NVFP4) / 64 (BF16) from 192 pairs an expert, 0.92x / 0.80x the standard kernels' time at "
+           "8,192 tokens on the H200 (docs/RESULTS.md session 13); auto: standard until the engine's paired TTFT A/B")
+    return ("standard" if asked == "auto" else asked, "standard", why, "")

@@ -15,7 +15,7 @@ from .cpu_threads import default_threads, physical_cores
 from .engine_config import EngineConfig, Software
 from .errors import FeatureUnavailableError, OptionError
 from .memory import DTYPE_BYTES, ModelInfo, VramBudget, borrows_stream, gib, prefill_chunk_for, stream_buffer_bytes
-from .kernel_rules import attention_choices, kernel_choices
+from .kernel_rules import attention_choices, kernel_choices, moe_block_choice
 from .options import EngineOptions
 from .plan import (_auto_layer_major, _auto_overlap, _chunk_decision, _Decisions, _device, _gpu_bank,
                    resolve_plan)
@@ -103,7 +103,7 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
     if opts.gdn_graphs != "auto":
         d.overridden.add("gdn")
         d.reasons["gdn"] = f"overridden by user (gdn_graphs={opts.gdn_graphs}); " + d.reasons["gdn"]
-    prefill_attention, pairs = _attention_options(opts, kernels["attention"][0], mode, d)
+    prefill_attention, pairs, blocks = _prefill_kernel_options(opts, kernels, mode, d)
     graphs = _cuda_graphs(opts, dev, kernels, d)
     if routing is None and opts.routing is not None:
         routing = str(opts.routing)  # the engine passes RoutingSpec.describe(); a bare spec is shown as given
@@ -120,7 +120,8 @@ def resolve(options: EngineOptions | dict | None, model: ModelInfo, profile: "Ha
         prefill_window=opts.prefill_window, slot_prefill_tokens=slot_prefill, attention=kernels["attention"][0],
         gdn=kernels["gdn"][0], moe=kernels["moe"][0], decode=kernels["decode"][0], cuda_graphs=graphs,
         routing=routing, threads=threads, prefill_kernels=kernels["prefill_kernels"][0], attention_pairs=pairs,
-        prefill_attention=prefill_attention, vram=vram, reasons=dict(d.reasons), overridden=frozenset(d.overridden))
+        prefill_attention=prefill_attention, moe_prefill_blocks=blocks, vram=vram, reasons=dict(d.reasons),
+        overridden=frozenset(d.overridden))
 
 
 def _copy(d: _Decisions, machine, name: str, as_name: str) -> None:
@@ -362,18 +363,20 @@ def _slot_prefill(opts: EngineOptions, slots: int | None, d: _Decisions) -> int:
     return n
 
 
-def _attention_options(opts: EngineOptions, attention: str, mode: str, d: _Decisions) -> tuple[str, bool]:
-    """How FlashInfer's prefill reads the KV cache, and whether layer-major pairs its chunks (kernel_rules)."""
+def _prefill_kernel_options(opts: EngineOptions, kernels: dict, mode: str, d: _Decisions) -> tuple[str, bool, str]:
+    """How FlashInfer's prefill reads the KV cache, whether layer-major pairs its chunks, and the grouped MoE
+    kernels' row blocks (kernel_rules)."""
     out = []
-    for name, (value, auto, why, note) in attention_choices(attention, mode, opts.prefill_attention,
-                                                            opts.attention_pairs).items():
+    rules = attention_choices(kernels["attention"][0], mode, opts.prefill_attention, opts.attention_pairs)
+    rules["moe_prefill_blocks"] = moe_block_choice(kernels["moe"][0], opts.moe_prefill_blocks)
+    for name, (value, auto, why, note) in rules.items():
         asked = getattr(opts, name)
         if asked != "auto":
             d.user(name, f"{name}={asked}", auto, why, note)
         else:
             d.auto(name, why)
         out.append(value)
-    return out[0], out[1]
+    return out[0], out[1], out[2]
 
 
 def _capability(profile) -> tuple[int, int] | None:

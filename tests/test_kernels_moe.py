@@ -76,3 +76,20 @@ def test_align_pairs_covers_each_pair_once_in_single_expert_blocks(t, k, e, bloc
             assert (flat[members] == block_expert[b]).all()
         else:
             assert block_expert[b] == e or members.numel() == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_blocks_take_64_rows_from_192_pairs_an_expert(dtype, monkeypatch, nan_empty):
+    """moe_grouped(large_blocks=True): 64-row blocks where the experts average >= 192 pairs (4 experts, top-2,
+    400 tokens: 200), the given block_m below; the result at the reference either way."""
+    from qwenlocal.engine.kernels import moe_triton
+
+    seen = []
+    real = moe_triton.align_pairs
+    monkeypatch.setattr(moe_triton, "align_pairs", lambda ids, e, block_m: seen.append(block_m) or real(ids, e, block_m))
+    for tokens, want in ((400, 64), (100, 16)):
+        x, w, ids, gu, dn = make((4, 2, 40, 24, tokens), dtype, seed=tokens)
+        ref = routed_experts_reference(x.float(), w.float(), ids, gu.float(), dn.float())
+        out = moe_grouped(x, w, ids, gu, dn, block_m=16, large_blocks=True)
+        assert seen[-1] == want
+        assert ((out.float() - ref).norm() / ref.norm()).item() <= tolerance(dtype)

@@ -6,7 +6,7 @@ import torch
 pytest.importorskip("triton")
 
 from qwenlocal.engine.kernels.nvfp4_grouped import (  # noqa: E402
-    GroupedConfig, choose_config, dequant_nvfp4_rows, nvfp4_moe_grouped, nvfp4_moe_grouped_reference,
+    GroupedConfig, choose_config, dequant_nvfp4_rows, resolve_config, nvfp4_moe_grouped, nvfp4_moe_grouped_reference,
     random_nvfp4_rows, resolve_config, unpack_nvfp4_expert,
 )
 from qwenlocal.engine.kernels.nvfp4_triton import (  # noqa: E402
@@ -183,3 +183,16 @@ def test_sizes_not_multiple_of_16_raise(hidden, inter):
     ids = torch.zeros(2, 1, dtype=torch.long, device=DEVICE)
     with pytest.raises(ValueError):
         nvfp4_moe_grouped(x, torch.ones(2, 1, device=DEVICE), ids, rows, hidden, inter)
+
+
+def test_the_large_block_rule():
+    """moe_prefill_blocks=large: 256-row blocks with the narrow spill-free tiles and one scale byte a load, from
+    192 pairs an expert on a GPU (an 8,192-token chunk of top-8 over 256 experts has 256); below, and in the
+    interpreter, the standard rule."""
+    big = choose_config(8192 * 8, 256, gpu=True, large=True)
+    assert (big.block_m, big.gu_block_n, big.gu_block_k, big.dn_block_n, big.dn_block_k) == (256, 32, 64, 64, 64)
+    assert not big.group_scales and big.num_warps == 8
+    assert choose_config(8192 * 8, 256, gpu=True) == choose_config(16384 * 8, 256, gpu=True)  # standard: 128 rows
+    assert choose_config(191 * 256, 256, gpu=True, large=True) == choose_config(191 * 256, 256, gpu=True)
+    assert choose_config(8192 * 8, 256, gpu=False, large=True) == choose_config(8192 * 8, 256, gpu=False)
+    assert resolve_config(8192 * 8, 256, True, large=True) == big

@@ -39,7 +39,7 @@ OTHER_VALUES = {"prefill_chunk": 512, "prefill_mode": "chunked", "overlap": "off
                 "prefill_window": 16, "expert_format": "dense", "linear_format": "dequantized",
                 "slot_prefill_tokens": 0, "fp8_prefill": "scaled-mm", "decode_kernels": "reference",
                 "prefill_kernels": "torch", "gdn_graphs": "off", "attention_pairs": "off", "prefill_attention": "paged",
-                "threads": 1}
+                "moe_prefill_blocks": "standard", "threads": 1}
 OPTIONS = [{}, {"expert_slots": 8}, {"expert_slots": 60}, {"expert_slots": 8, "prefill_mode": "chunked"},
            {"prefill_mode": "layer-major"}, {"expert_slots": 12, "overlap": "copy-side", "slot_prefill_tokens": 0},
            {"cuda_graphs": False, "decode_kernels": "reference"}, {"vram_budget": "16GiB"}]
@@ -328,3 +328,35 @@ def test_the_prefill_reads_ragged_rows_and_pairs_only_where_asked_and_possible()
         EngineOptions(attention_pairs="yes")
     with pytest.raises(OptionError, match="prefill_attention"):
         EngineOptions(prefill_attention="contiguous")
+
+
+def test_the_moe_prefill_blocks_are_standard_unless_asked_and_large_needs_the_triton_kernels():
+    gpu = resolve({"expert_slots": 2000}, BIG_NVFP4, fake.h200(), "cuda", ALL)
+    assert gpu.moe_prefill_blocks == "standard" and "moe_prefill_blocks" not in gpu.overridden
+    assert "256-row" in gpu.reason("moe_prefill_blocks")
+    large = resolve({"expert_slots": 2000, "moe_prefill_blocks": "large"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
+    assert large.moe_prefill_blocks == "large" and "moe_prefill_blocks" in large.overridden
+    check_reasons(large)
+    with pytest.raises(OptionError, match="moe_prefill_blocks=large applies to the Triton"):
+        resolve({"moe_prefill_blocks": "large"}, TINY, None, "cpu", NONE)
+    with pytest.raises(OptionError, match="moe_prefill_blocks"):
+        EngineOptions(moe_prefill_blocks="huge")
+
+
+def test_the_large_moe_blocks_reach_both_grouped_prefill_kernels():
+    """config.moe_prefill_blocks -> select_kernels: the BF16 and the NVFP4 grouped kernels get the large-block
+    rule (the same for chunked and layer-major prefill: one kernels object serves both)."""
+    from qwenlocal.engine.kernels.moe_triton import moe_grouped
+    from qwenlocal.engine.model.kernels import select_kernels
+
+    cfg = synthetic_config("synthetic:tiny", 512)
+    cuda = torch.device("cuda")
+    for asked, large in (("auto", False), ("large", True)):
+        config = resolve({"moe_prefill_blocks": asked}, TINY, GPU_PROFILES["linux-5080"], "cuda", NO_FI)
+        assert config.moe == "triton" and config.moe_prefill_blocks == ("large" if large else "standard")
+        kernels = select_kernels(cfg, cuda, torch.bfloat16, config.max_context, config=config)
+        assert kernels.experts_prefill_nvfp4.keywords["large_blocks"] is large
+        if large:
+            assert kernels.experts_prefill.func is moe_grouped and kernels.experts_prefill.keywords == {"large_blocks": True}
+        else:
+            assert kernels.experts_prefill is moe_grouped

@@ -185,14 +185,22 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
     return pair_ids, block_expert
 
 
+LARGE_FROM = 192  # pairs an expert from which large_blocks takes 64-row blocks
+LARGE_BLOCK_M = 64
+
+
 def moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                down: torch.Tensor, block_m: int = 32) -> torch.Tensor:
-    """x [T, H], weights/ids [T, k] -> [T, H] (prefill)."""
+                down: torch.Tensor, block_m: int = 32, large_blocks: bool = False) -> torch.Tensor:
+    """x [T, H], weights/ids [T, k] -> [T, H] (prefill). large_blocks (the engine's moe_prefill_blocks=large):
+    64-row blocks from LARGE_FROM pairs an expert (0.80x the 32-row blocks' time at 8,192 tokens on the H200,
+    docs/RESULTS.md session 13; 1.32x faster at 16K tokens, session 7; not yet paired in the engine)."""
     t, h = x.shape
     k = ids.shape[-1]
     e, two_i, _ = gate_up.shape
     inter = two_i // 2
     num_pairs = t * k
+    if large_blocks and num_pairs >= LARGE_FROM * e:
+        block_m = LARGE_BLOCK_M
     pair_ids, block_expert = align_pairs(ids, e, block_m)
     num_blocks = block_expert.shape[0]
     act = torch.empty(num_pairs, inter, device=x.device, dtype=x.dtype)

@@ -66,7 +66,10 @@ class GroupedConfig:
                 + ("" if self.group_scales else " byte-scales"))
 
 
-def choose_config(num_pairs: int, num_experts: int, gpu: bool) -> GroupedConfig:
+LARGE_FROM = 192  # pairs an expert from which the large-block rule (moe_prefill_blocks=large) takes 256-row blocks
+
+
+def choose_config(num_pairs: int, num_experts: int, gpu: bool, large: bool = False) -> GroupedConfig:
     """The default launch configuration, a pure function of the problem.
 
     Cost of one M block ~ D + BLOCK_M * c (D: decoding the expert's weight tile by tile, paid once per block;
@@ -76,8 +79,15 @@ def choose_config(num_pairs: int, num_experts: int, gpu: bool) -> GroupedConfig:
     so avg < 28 -> 32, < 64 -> 64, else 128 (the engine's 2048-token chunk over 256 experts, top-8: 64 pairs
     per expert -> 128). 128-row blocks take 8 warps (two warpgroups: each gate/up accumulator [128, 64] is
     32 registers a thread); the down kernel's single accumulator affords BLOCK_N 128 there. The interpreter
-    (gpu=False) gets 64-wide tiles: less masked waste on tiny shapes."""
+    (gpu=False) gets 64-wide tiles: less masked waste on tiny shapes.
+    large (the engine option moe_prefill_blocks=large, on a GPU): from LARGE_FROM pairs an expert (the 8,192-token
+    chunk has 256), 256-row blocks with the narrow tiles whose sm_90 code has no spills, one scale byte a load:
+    each weight tile decoded once an expert instead of twice (0.92x the 128-row config's time at 8,192 tokens on
+    the H200, scripts/bench_nvfp4_grouped.py, docs/RESULTS.md session 13; not yet paired in the engine)."""
     avg = num_pairs / max(1, num_experts)
+    if large and gpu and avg >= LARGE_FROM:
+        return GroupedConfig(block_m=256, gu_block_n=32, gu_block_k=64, dn_block_n=64, dn_block_k=64,
+                             num_warps=8, num_stages=3, group_scales=False)
     block_m = 32 if avg < 28 else 64 if avg < 64 else 128
     if not gpu:
         return GroupedConfig(block_m=block_m, gu_block_n=64, gu_block_k=64, dn_block_n=64, dn_block_k=64)
@@ -237,11 +247,12 @@ def _clamp(block: int, size: int, low: int) -> int:
 
 
 def resolve_config(num_pairs: int, num_experts: int, gpu: bool,
-                   config: GroupedConfig | dict | None = None, block_m: int | None = None) -> GroupedConfig:
-    """config None -> choose_config; a dict -> choose_config's choice with those fields replaced; a
-    GroupedConfig as given. block_m (the older keyword) overrides the block size last."""
+                   config: GroupedConfig | dict | None = None, block_m: int | None = None,
+                   large: bool = False) -> GroupedConfig:
+    """config None -> choose_config (its large rule where large); a dict -> choose_config's choice with those
+    fields replaced; a GroupedConfig as given. block_m (the older keyword) overrides the block size last."""
     if config is None or isinstance(config, dict):
-        base = choose_config(num_pairs, num_experts, gpu)
+        base = choose_config(num_pairs, num_experts, gpu, large)
         config = dataclasses.replace(base, **config) if config else base
     if block_m is not None:
         config = dataclasses.replace(config, block_m=block_m)
@@ -250,9 +261,10 @@ def resolve_config(num_pairs: int, num_experts: int, gpu: bool,
 
 def nvfp4_moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
                       hidden: int, inter: int, block_m: int | None = None,
-                      config: GroupedConfig | dict | None = None) -> torch.Tensor:
+                      config: GroupedConfig | dict | None = None, large_blocks: bool = False) -> torch.Tensor:
     """x [T, H], weights/ids [T, k] (ids index rows), rows uint8 [E, >= row bytes] -> [T, H] in x.dtype.
-    config: see resolve_config (None: choose_config's default for this many pairs per expert)."""
+    config: see resolve_config (None: choose_config's default for this many pairs per expert; large_blocks: its
+    large-block rule, the engine's moe_prefill_blocks=large)."""
     if hidden % 16 or inter % 16:
         raise ValueError(f"NVFP4 needs hidden and inter to be multiples of 16, got {hidden}, {inter}")
     if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.stride(1) != 1 \
@@ -264,7 +276,7 @@ def nvfp4_moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     e = rows.shape[0]
     num_pairs = t * k
     gpu = x.device.type == "cuda"
-    cfg = resolve_config(num_pairs, e, gpu, config, block_m)
+    cfg = resolve_config(num_pairs, e, gpu, config, block_m, large_blocks)
     ids_flat = ids.reshape(-1).contiguous()
     pair_ids, block_expert = align_pairs(ids_flat, e, cfg.block_m)
     num_blocks = block_expert.shape[0]

@@ -64,12 +64,14 @@ def select_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, m
     return build_kernels(cfg, device, dtype, max_len, choices,
                          config.prefill_chunk if config is not None else None,
                          config.attention_pairs if config is not None else False,
-                         config.prefill_attention if config is not None else "ragged")
+                         config.prefill_attention if config is not None else "ragged",
+                         config.moe_prefill_blocks == "large" if config is not None else False)
 
 
 def build_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_len: int,
                   choices: dict[str, tuple[str, str]], prefill_chunk: int | None = None,
-                  attention_pairs: bool = False, prefill_attention: str = "ragged") -> Kernels:
+                  attention_pairs: bool = False, prefill_attention: str = "ragged",
+                  large_moe_blocks: bool = False) -> Kernels:
     a = cfg.attention
     if choices["attention"][0] == "flashinfer":
         attn = FlashInferAttention(a.num_heads, a.num_kv_heads, a.head_dim, dtype, device, max_len,
@@ -91,9 +93,13 @@ def build_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, ma
         from ..kernels.nvfp4_grouped import nvfp4_moe_grouped
         from ..kernels.nvfp4_triton import nvfp4_moe_decode
 
-        prefill, decode = moe_grouped, moe_decode
+        # large_moe_blocks: the grouped kernels' large-block rule (config.moe_prefill_blocks; the same for chunked
+        # and layer-major prefill, whose chunks are the same shapes: their bytes stay equal)
+        prefill = partial(moe_grouped, large_blocks=True) if large_moe_blocks else moe_grouped
+        decode = moe_decode
         h, i = cfg.hidden_size, cfg.moe.intermediate_size
-        nvfp4 = (partial(nvfp4_moe_grouped, hidden=h, inter=i), partial(nvfp4_moe_decode, hidden=h, inter=i))
+        nvfp4 = (partial(nvfp4_moe_grouped, hidden=h, inter=i, large_blocks=large_moe_blocks),
+                 partial(nvfp4_moe_decode, hidden=h, inter=i))
     else:
         prefill, decode = routed_experts_reference, routed_experts_decode_reference
         nvfp4 = _nvfp4_references(cfg)
