@@ -230,3 +230,36 @@ def test_gpu_real_shape_graph_replay_slots_and_no_sync():
     slots[:, :bank.shape[1]] = bank[perm]
     slot_of = torch.argsort(perm)
     assert torch.equal(nvfp4_moe_decode_fused(x, w, slot_of[ids], slots, h, i, shared, scale), eager)
+
+
+def _padded(rows: torch.Tensor) -> torch.Tensor:
+    """The same rows at a 16-byte stride (the padding bytes 0xFF: a kernel that read them would show it)."""
+    stride = -(-rows.shape[1] // 16) * 16
+    out = torch.full((rows.shape[0], stride), 0xFF, dtype=torch.uint8)
+    out[:, :rows.shape[1]] = rows
+    return out
+
+
+def test_the_16_byte_load_kernels_over_padded_rows(nan_empty):
+    """wide=True over rows at a 16-byte stride: expert_gate_up_wide_kernel and expert_down_parts_wide_kernel (H,
+    I and the stride as constants) against the references; rows at the 4-byte stride keep the 4-byte kernels
+    whatever is asked; in the interpreter both give the same bytes."""
+    from qwenlocal.engine.kernels import nvfp4_experts_decode as dec
+    from qwenlocal.engine.kernels.nvfp4_experts_parts import expert_down_parts, expert_down_parts_reference
+
+    hidden, inter = 96, 48
+    x, weights, ids, rows, shared, scale, _ = _problem(hidden, inter, 7, [3, 6, 3, 1], 8, torch.bfloat16)
+    padded = _padded(rows)
+    assert padded.stride(0) % 16 == 0 and rows.stride(0) % 16 != 0
+    assert dec.wide_rows(_dev(padded)[0], True) and not dec.wide_rows(_dev(rows)[0], True)
+    assert not dec.wide_rows(_dev(padded)[0], None)  # WIDE_LOADS is off
+    extra = _to_dev(shared[0] + shared[1])
+    act = expert_gate_up(*_dev(x, ids, padded), hidden, inter, extra, wide=True, block_n=16)
+    _close(act, expert_gate_up_reference(x, ids, rows, hidden, inter, shared[0] + shared[1]))
+    parts = expert_down_parts(act, *_dev(weights, ids, padded), hidden, inter, _to_dev(shared[2]), _dev(scale)[0],
+                              wide=True)
+    ref = expert_down_parts_reference(act.cpu(), weights, ids, rows, hidden, inter, shared[2], scale)
+    _close(parts, ref)
+    if DEVICE == "cpu":
+        four = expert_gate_up(*_dev(x, ids, padded), hidden, inter, extra, wide=False, block_n=16)
+        assert torch.equal(act, four)

@@ -100,6 +100,24 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
                       HAS_EXTRA, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, False)
 
 
+@triton.jit
+def expert_gate_up_wide_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, gu_scale_at, glob_at,
+                               xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, H: tl.constexpr, I: tl.constexpr,
+                               ROW_WORDS: tl.constexpr, K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
+                               DECODE: tl.constexpr, X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr,
+                               USE_GDC: tl.constexpr = False):
+    """expert_gate_up_kernel's one-program-a-tile arithmetic over rows at a 16-byte stride (ROW_WORDS a multiple
+    of 4, the row pointer specialized as 16-byte aligned, H and I constants): Triton then loads the codes 16
+    bytes a thread (LDG.E.128) instead of 4. Another compiled code, so possibly other bytes than the 4-byte
+    kernel: every row container of an engine must use the same one (WIDE_LOADS)."""
+    gdc_prologue(USE_GDC)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    _gate_up_rows(x_ptr, x_ptr, x_ptr, x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, ROW_WORDS,
+                  gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, tl.program_id(0), n, K_ROUTED,
+                  HAS_EXTRA, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, False)
+
+
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
 def expert_down_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, out_ptr, H, I, row_words,
                        dn_at, dn_scale_at, glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr,
@@ -157,6 +175,17 @@ def _matrix(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor):
 
 
 DECODES = ("asm", "fp16", "exact")
+# 16-byte loads of the codes where the rows allow them (a 16-byte row stride and start): off. The engine's bank
+# and slot rows are 1,769,484 B apart (4-byte aligned), so the switch changes nothing there until they are
+# padded; scripts/bench_nvfp4_experts_decode.py --grids wide times the kernels over padded rows.
+WIDE_LOADS = False
+
+
+def wide_rows(rows: torch.Tensor, wide: bool | None) -> bool:
+    """Whether a launch over these rows takes the 16-byte-load kernel: wide=None follows WIDE_LOADS; either way
+    only rows at a 16-byte stride and start can (else the 4-byte kernel, the same results)."""
+    aligned = rows.stride(0) % 16 == 0 and rows.data_ptr() % 16 == 0
+    return aligned and (WIDE_LOADS if wide is None else wide)
 # Persistent expert programs (one wave, x loaded once per program): off; the A/B on the H200 (profile_decode arm
 # "fused-pdl/experts", session 9) was 1.07x the step: fewer instructions, but one wave of programs over 8
 # experts' rows streams worse than a program a tile. The same bytes (tests/test_kernels_nvfp4_experts_decode.py).
@@ -197,7 +226,8 @@ def _block_g(k_in: int, block_g: int | None) -> int:
 def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                    extra: tuple | None = None, out: torch.Tensor | None = None, *, block_n: int | None = None,
                    block_g: int | None = None, num_warps: int = 4, decode: str | None = None,
-                   x_split: bool = True, group_scales: bool = False, programs: int | None = None) -> torch.Tensor:
+                   x_split: bool = True, group_scales: bool = False, programs: int | None = None,
+                   wide: bool | None = None) -> torch.Tensor:
     """act fp32 [n, I] (n = k, + 1 with extra): act[j] = SiLU(gate_j x) * (up_j x) for the row rows[ids[0, j]]
     and, with extra = (gate_packed, gate_scale, gate_scale2, up_packed, up_scale, up_scale2) (QuantLinear NVFP4
     tensors [I, H/2], [I, H/16] e4m3, fp32 []), act[k] for that expert. x [1, H] (or [H]) bf16/fp16/fp32,
@@ -206,7 +236,7 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     sweep's best: 9.35 us vs 10.47 at 8 for the real geometry, scripts/bench_nvfp4_experts_decode.py).
     programs: at most this many persistent programs taking the (expert, row block) tiles in turn, x loaded once
     each (the whole row in one K step only; None: the module switch PERSISTENT, one wave of them, else one
-    program a tile)."""
+    program a tile). wide: 16-byte loads where the rows allow them (wide_rows; None: WIDE_LOADS)."""
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
@@ -223,6 +253,13 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     tiles = n * triton.cdiv(inter, block_n)
     programs = requested_programs(programs, x.device, num_warps, bg * 16 >= hidden)
     persistent = programs is not None and 0 < programs < tiles
+    if not persistent and wide_rows(rows, wide):  # 16-byte loads (module note at WIDE_LOADS)
+        expert_gate_up_wide_kernel[(n, triton.cdiv(inter, block_n))](
+            x.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out, off["gu_scale_at"],
+            off["glob_at"], *gate, *up, H=hidden, I=inter, ROW_WORDS=words.stride(0), K_ROUTED=k,
+            HAS_EXTRA=extra is not None, BLOCK_N=block_n, BLOCK_G=bg, MASKED=masked, DECODE=_decode(decode, rows),
+            X_SPLIT=x_split, GROUP_SCALES=group_scales, num_warps=num_warps, **pdl_launch(x.device))
+        return out
     expert_gate_up_kernel[(programs,) if persistent else (n, triton.cdiv(inter, block_n))](
         x.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out, hidden, inter, words.stride(0),
         off["gu_scale_at"], off["glob_at"], *gate, *up, tiles, K_ROUTED=k, HAS_EXTRA=extra is not None,
