@@ -48,6 +48,12 @@ def nvfp4_row_bytes(hidden: int, inter: int) -> int:
     return 2 * inter * hidden // 2 + 2 * inter * hidden // 16 + hidden * inter // 2 + hidden * inter // 16 + 12
 
 
+def nvfp4_row_stride(hidden: int, inter: int) -> int:
+    """What one such row takes in the engine's bank and slots: rounded up to 16 bytes (quant/nvfp4_rows.py
+    nvfp4_expert_row_stride; a test holds them equal)."""
+    return -(-nvfp4_row_bytes(hidden, inter) // 16) * 16
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What the memory arithmetic needs to know about a model: sizes only."""
@@ -164,7 +170,7 @@ class ModelInfo:
         """The sizes the engine holds at these formats: NVFP4 rows or compute-dtype experts; the stored dense
         bytes (native FP8/NVFP4 linears) or every dense weight at the compute dtype."""
         width = DTYPE_BYTES[dtype]
-        expert = (nvfp4_row_bytes(self.hidden_size, self.moe_intermediate) if native_experts
+        expert = (nvfp4_row_stride(self.hidden_size, self.moe_intermediate) if native_experts
                   else self.expert_params * width)
         dense = (self.stored_dense_bytes if native_linears and self.stored_dense_bytes is not None
                  else self.dense_params * width)

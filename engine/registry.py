@@ -20,9 +20,10 @@ QWEN36_35B_A3B_BF16 = replace(QWEN36_35B_A3B_NVFP4, name="Qwen3.6-35B-A3B BF16",
 QWEN35_35B_A3B_BF16 = replace(QWEN36_35B_A3B_BF16, name="Qwen3.5-35B-A3B BF16")
 # synthetic:qwen3.6-35b-a3b-nvfp4: the NVFP4 checkpoint's formats made in memory (quant/synthetic_formats.py):
 # its stored dense bytes (2,705,517,300, what the engine's plan gets with native linears) and the experts as the
-# engine's native NVFP4 rows (quant/nvfp4_rows.py: 1,769,484 B); the plain synthetic model is the BF16 checkpoint's.
+# engine's native NVFP4 rows (quant/nvfp4_rows.py: 1,769,484 B, held at a 16-byte stride: 1,769,488 B); the plain
+# synthetic model is the BF16 checkpoint's.
 SYNTHETIC_QWEN36_NVFP4_EXPERTS = replace(QWEN36_35B_A3B_NVFP4, name="Qwen3.6-35B-A3B NVFP4 (synthetic)",
-                                         expert_bytes=1_769_484)
+                                         expert_bytes=1_769_488)
 # Text-tower parameters (model-formats §2.7): routed experts + everything else. What the CPU path holds in its
 # compute dtype (float32 by default), whatever the checkpoint's storage format.
 QWEN36_TEXT_PARAMS = 32_212_254_720 + 2_448_355_968

@@ -171,3 +171,30 @@ def test_the_tensor_core_expert_gate_up_in_the_step_matches_the_unfused_step(qua
     assert 0 < err < 2e-3, err
     assert (serial.argmax(-1) == ref.argmax(-1)).all()
     assert decode_fused.nvfp4_experts_mma is nvfp4_experts_mma
+
+
+def test_the_16_byte_load_expert_kernels_run_on_the_engines_padded_rows(quantized_ckpt, monkeypatch):
+    """The engine holds NVFP4 rows at a 16-byte stride (bank, slots, resident rows), so with
+    nvfp4_experts_decode.WIDE_LOADS the fused step's expert launches take the 16-byte-load kernels (counted),
+    offloaded and resident; in the interpreter they are the same arithmetic, so the same logits."""
+    from qwenlocal.engine.kernels import nvfp4_experts_decode, nvfp4_experts_parts
+
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(6))
+    plain = [_engine(quantized_ckpt, True, **o).score(ids, prefill=24) for o in ({}, {"expert_slots": 12})]
+    monkeypatch.setattr(nvfp4_experts_decode, "WIDE_LOADS", True)
+    launches = {"gate_up": 0, "down": 0}
+
+    def counting(name, kernel):
+        class Counted:
+            def __getitem__(self, grid):
+                launches[name] += 1
+                return kernel[grid]
+        return Counted()
+
+    monkeypatch.setattr(nvfp4_experts_decode, "expert_gate_up_wide_kernel",
+                        counting("gate_up", nvfp4_experts_decode.expert_gate_up_wide_kernel))
+    monkeypatch.setattr(nvfp4_experts_parts, "expert_down_parts_wide_kernel",
+                        counting("down", nvfp4_experts_parts.expert_down_parts_wide_kernel))
+    wide = [_engine(quantized_ckpt, True, **o).score(ids, prefill=24) for o in ({}, {"expert_slots": 12})]
+    assert launches["gate_up"] > 0 and launches["gate_up"] == launches["down"]
+    assert all(torch.equal(a, b) for a, b in zip(plain, wide))

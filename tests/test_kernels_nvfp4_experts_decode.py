@@ -263,3 +263,27 @@ def test_the_16_byte_load_kernels_over_padded_rows(nan_empty):
     if DEVICE == "cpu":
         four = expert_gate_up(*_dev(x, ids, padded), hidden, inter, extra, wide=False, block_n=16)
         assert torch.equal(act, four)
+
+
+def test_the_16_byte_load_kernels_give_one_byte_order_for_bank_and_slot_rows(nan_empty):
+    """The offloaded engine reads slot rows, the resident one its own rows, both at the 16-byte stride: with
+    16-byte loads the act and the down parts are byte-equal either way (one compiled code: the stride and H, I
+    are the kernel's constants, the pointers 16-byte aligned in both)."""
+    from qwenlocal.engine.kernels.nvfp4_experts_parts import expert_down_parts
+
+    hidden, inter = 96, 48
+    x, weights, ids, bank, shared, scale, _ = _problem(hidden, inter, 7, [3, 6, 3, 1], 5, torch.bfloat16)
+    bank = _padded(bank)
+    slot_of = {3: 4, 6: 0, 1: 2}
+    slots = torch.zeros(6, bank.shape[1], dtype=torch.uint8)
+    for e, s in slot_of.items():
+        slots[s] = bank[e]
+    slot_ids = torch.tensor([[slot_of[e] for e in ids[0].tolist()]])
+    got = []
+    for rows, which in ((bank, ids), (slots, slot_ids)):
+        rows_d, ids_d = _dev(rows, which)
+        act = expert_gate_up(_dev(x)[0], ids_d, rows_d, hidden, inter, _to_dev(shared[0] + shared[1]), wide=True)
+        got.append((act, expert_down_parts(act, _dev(weights)[0], ids_d, rows_d, hidden, inter, _to_dev(shared[2]),
+                                           _dev(scale)[0], wide=True)))
+    for a, b in zip(*got):
+        assert torch.isfinite(a).all() and torch.equal(a, b)

@@ -134,7 +134,7 @@ def test_small_models_skip_the_probe(monkeypatch, tiny_ckpt):
 def test_synthetic_sizes_are_what_the_engine_places():
     """The fit check's sizes of the full-size synthetic models equal the engine's own (plan) arithmetic."""
     from qwenlocal.engine.plan import ModelFacts
-    from qwenlocal.engine.quant.nvfp4_rows import nvfp4_expert_row_bytes
+    from qwenlocal.engine.quant.nvfp4_rows import nvfp4_expert_row_stride
     from qwenlocal.engine.quant.synthetic_formats import stored_dense_bytes_of
     from qwenlocal.engine.synthetic import synthetic_config
 
@@ -142,7 +142,7 @@ def test_synthetic_sizes_are_what_the_engine_places():
         cfg = synthetic_config(ref, 0)
         want = ModelFacts.from_config(cfg, expert_dtype_bytes=2, dense_dtype_bytes=2)
         if nvfp4:  # native linears (the GPU): the dense weights as the NVFP4 checkpoint stores them
-            want = replace(want, expert_bytes=nvfp4_expert_row_bytes(cfg.hidden_size, cfg.moe.intermediate_size),
+            want = replace(want, expert_bytes=nvfp4_expert_row_stride(cfg.hidden_size, cfg.moe.intermediate_size),
                            dense_bytes=stored_dense_bytes_of(cfg))
         got = resolve_model(ref, check_fit=False).facts()
         assert replace(got, name=want.name) == want

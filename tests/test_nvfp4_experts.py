@@ -8,7 +8,8 @@ from qwenlocal.engine import Engine
 from qwenlocal.engine.errors import OptionError
 from qwenlocal.engine.quant.convert import quantize_checkpoint
 from qwenlocal.engine.quant.formats import quantize_nvfp4
-from qwenlocal.engine.quant.nvfp4_rows import (dequant_expert_rows, nvfp4_expert_row_bytes, pack_nvfp4_expert,
+from qwenlocal.engine.quant.nvfp4_rows import (dequant_expert_rows, nvfp4_expert_row_bytes, nvfp4_expert_row_stride,
+                                                pack_nvfp4_expert,
                                                quantize_expert_rows, unpack_nvfp4_expert)
 
 CHUNK = 16
@@ -50,8 +51,10 @@ def test_native_rows_equal_the_dequantized_engine_on_a_real_nvfp4_checkpoint(nvf
     native = _engine(nvfp4_ckpt, expert_format="nvfp4")
     assert native.plan["experts"]["value"].startswith("nvfp4") and dense.plan["experts"]["value"] == "dense"
     rows = native.model.layers[0].moe.experts.weights[0]
-    assert rows.dtype == torch.uint8 and rows.shape[1] == nvfp4_expert_row_bytes(
-        native.config.hidden_size, native.config.moe.intermediate_size)
+    h, i = native.config.hidden_size, native.config.moe.intermediate_size
+    # the checkpoint's bytes at the engine's 16-byte row stride (the padding never read)
+    assert rows.dtype == torch.uint8 and rows.shape[1] == nvfp4_expert_row_stride(h, i)
+    assert rows.shape[1] - nvfp4_expert_row_bytes(h, i) in range(16) and rows.data_ptr() % 16 == 0
     ids = torch.randint(0, 600, (40 + 30,), generator=torch.Generator().manual_seed(2))
     assert torch.equal(native.score(ids, prefill=40), dense.score(ids, prefill=40))
 

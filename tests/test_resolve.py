@@ -19,7 +19,7 @@ from qwenlocal.engine import Engine
 from qwenlocal.engine.config import load_model_config
 from qwenlocal.engine.engine_config import DECISIONS, OPTION_DECISIONS, EngineConfig, Software
 from qwenlocal.engine.errors import OptionError, QwenlocalError
-from qwenlocal.engine.memory import ModelInfo, nvfp4_row_bytes
+from qwenlocal.engine.memory import ModelInfo, nvfp4_row_bytes, nvfp4_row_stride
 from qwenlocal.engine.options import EngineOptions
 from qwenlocal.engine.probe import fake
 from qwenlocal.engine.resolve import resolve
@@ -130,7 +130,7 @@ def test_the_two_old_disagreements_are_what_runs():
     assert ampere.decode == "fused" and "sm_90" in ampere.reason("decode")
     unfused = resolve({"expert_slots": 2000, "decode_kernels": "reference"}, BIG_NVFP4, fake.h200(), "cuda", ALL)
     assert unfused.overlap == "copy-side" and "3 copy engines" in unfused.reason("overlap")
-    assert gpu.stream_buffers == "borrowed" and gpu.vram.slots == 2000 * nvfp4_row_bytes(2048, 512)
+    assert gpu.stream_buffers == "borrowed" and gpu.vram.slots == 2000 * nvfp4_row_stride(2048, 512)
     few = resolve({"expert_slots": 300}, BIG, fake.h200(), "cuda", ALL)
     assert few.stream_buffers == "dedicated" and few.vram.stream == 2 * 256 * 3 * 2048 * 512 * 2
 
@@ -245,10 +245,13 @@ def test_resolve_is_pure_and_torch_free():
 
 
 def test_nvfp4_row_bytes_is_the_banks_row():
-    from qwenlocal.engine.quant.nvfp4_rows import nvfp4_expert_row_bytes
+    from qwenlocal.engine.quant.nvfp4_rows import nvfp4_expert_row_bytes, nvfp4_expert_row_stride
 
     for h, i in ((2048, 512), (64, 32), (48, 80)):
         assert nvfp4_row_bytes(h, i) == nvfp4_expert_row_bytes(h, i)
+        assert nvfp4_row_stride(h, i) == nvfp4_expert_row_stride(h, i)
+        assert nvfp4_row_stride(h, i) % 16 == 0 and 0 <= nvfp4_row_stride(h, i) - nvfp4_row_bytes(h, i) < 16
+    assert nvfp4_row_stride(2048, 512) == 1_769_488  # 1,769,484 stored + 4 bytes of padding
 
 
 def test_probe_and_fit_agree_on_the_gpu_and_the_cpu():

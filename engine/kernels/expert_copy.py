@@ -28,8 +28,8 @@ def gather_experts_kernel(bank_ptr, src_ptr, dst_ptr, count_ptr, out_ptr, row_el
 
 def _as_words(t: torch.Tensor) -> torch.Tensor | None:
     """t [R, row] (row-contiguous) as int32 words [R, row_bytes / 4] when its rows allow it (4-byte row length
-    and start), else None. Why: a warp's load of bytes (uint8 NVFP4 rows, 1,769,484 B a row: not 16-byte aligned, so Triton
-    cannot widen the loads) asks PCIe for 32 B at a time; words make it 128 B, and 4x fewer programs."""
+    and start), else None. Why: a warp's load of bytes (uint8 NVFP4 rows; the row length is a runtime value, so
+    Triton cannot widen the loads) asks PCIe for 32 B at a time; words make it 128 B, and 4x fewer programs."""
     if (t.shape[1] * t.element_size()) % 4 or t.data_ptr() % 4:
         return None
     return t.view(torch.int32)

@@ -91,8 +91,12 @@ class Qwen35MoeModel:
 
             return OffloadedExperts(layer, self.cache)
         p = f"layers.{layer}.mlp.experts."
-        if p + "nvfp4_rows" in weights:  # native 4-bit experts, resident
-            return ResidentExperts((weights[p + "nvfp4_rows"],), "nvfp4")
+        if p + "nvfp4_rows" in weights:  # native 4-bit experts, resident, at the bank's 16-byte row stride
+            from ..quant.nvfp4_rows import padded_rows
+
+            rows = padded_rows(weights[p + "nvfp4_rows"], self.cfg.hidden_size, self.cfg.moe.intermediate_size)
+            weights[p + "nvfp4_rows"] = rows  # the unpadded copy is freed (a shared synthetic model keeps this one)
+            return ResidentExperts((rows,), "nvfp4")
         return ResidentExperts((weights[p + "gate_up_proj"], weights[p + "down_proj"]))
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, state: SequenceState, start: int,

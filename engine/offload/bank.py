@@ -10,7 +10,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import ResourceError
-from ..quant.nvfp4_rows import NVFP4_ROWS, nvfp4_expert_row_bytes
+from ..quant.nvfp4_rows import NVFP4_ROWS, nvfp4_expert_row_bytes, nvfp4_expert_row_stride
 
 DENSE = "dense"  # rows in the compute dtype: gate_up [2I, H] then down [H, I]
 
@@ -47,7 +47,9 @@ class HostExpertBank:
         self.cfg, self.fmt = cfg, fmt
         h, i = cfg.hidden_size, cfg.moe.intermediate_size
         self.dtype = torch.uint8 if fmt == NVFP4_ROWS else dtype
-        self.row_elems = nvfp4_expert_row_bytes(h, i) if fmt == NVFP4_ROWS else expert_row_elems(cfg)
+        # NVFP4 rows at a 16-byte stride (quant/nvfp4_rows.py): the slots and stream buffers take the same one
+        self.row_elems = nvfp4_expert_row_stride(h, i) if fmt == NVFP4_ROWS else expert_row_elems(cfg)
+        self.packed_elems = nvfp4_expert_row_bytes(h, i) if fmt == NVFP4_ROWS else self.row_elems
         rows = cfg.num_layers * cfg.moe.num_experts
         need = rows * self.row_elems * self.dtype.itemsize
         avail = host_ram_available()
@@ -73,12 +75,16 @@ class HostExpertBank:
         dn.copy_(down)
 
     def put_rows(self, layer: int, rows: torch.Tensor) -> None:
-        """One layer's experts as ready rows [E, row_elems] of the bank's dtype (NVFP4: packed bytes)."""
+        """One layer's experts as ready rows [E, row bytes] (NVFP4: packed bytes; or already at the bank's
+        stride) of the bank's dtype; the padding to the stride is zeros."""
         dst = self.layer_rows(layer)
-        if rows.shape != dst.shape or rows.dtype != dst.dtype:
+        if (rows.dim() != 2 or rows.shape[0] != dst.shape[0] or rows.shape[1] not in (self.packed_elems, dst.shape[1])
+                or rows.dtype != dst.dtype):
             raise ValueError(f"layer {layer}: rows {tuple(rows.shape)} {rows.dtype} do not match the bank's "
                              f"{tuple(dst.shape)} {dst.dtype}")
-        dst.copy_(rows)
+        dst[:, :rows.shape[1]].copy_(rows)
+        if rows.shape[1] < dst.shape[1]:
+            dst[:, rows.shape[1]:].zero_()
 
     @property
     def row_bytes(self) -> int:

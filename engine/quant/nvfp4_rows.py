@@ -19,6 +19,30 @@ def nvfp4_expert_row_bytes(hidden: int, inter: int) -> int:
     return 2 * inter * hidden // 2 + 2 * inter * hidden // 16 + hidden * inter // 2 + hidden * inter // 16 + 12
 
 
+ROW_ALIGN = 16  # bytes: the row stride of the engine's row containers (bank, slots, resident rows)
+
+
+def nvfp4_expert_row_stride(hidden: int, inter: int) -> int:
+    """The stride at which the engine holds NVFP4 rows: the row's bytes rounded up to 16 (1,769,488 for
+    Qwen3.6's 1,769,484). Every row then starts 16-byte aligned (its parts too: each is a multiple of 16 bytes
+    from the row's start), so kernels may load 16 bytes a thread; the padding is never read."""
+    return -(-nvfp4_expert_row_bytes(hidden, inter) // ROW_ALIGN) * ROW_ALIGN
+
+
+def padded_rows(rows: torch.Tensor, hidden: int, inter: int) -> torch.Tensor:
+    """rows uint8 [E, row bytes or more] -> the same rows at nvfp4_expert_row_stride (a new tensor on the same
+    device, the padding zeros), or rows itself where it already has that stride."""
+    stride = nvfp4_expert_row_stride(hidden, inter)
+    need = nvfp4_expert_row_bytes(hidden, inter)
+    if rows.dim() != 2 or rows.dtype != torch.uint8 or rows.shape[1] < need:
+        raise ValueError(f"NVFP4 rows must be uint8 [E, >= {need}], got {tuple(rows.shape)} {rows.dtype}")
+    if rows.shape[1] == stride and rows.is_contiguous():
+        return rows
+    out = torch.zeros(rows.shape[0], stride, dtype=torch.uint8, device=rows.device)
+    out[:, :need].copy_(rows[:, :need])
+    return out
+
+
 def pack_nvfp4_expert(gate: tuple, up: tuple, down: tuple) -> torch.Tensor:
     """(packed, scale, scale2) triples of one expert's gate/up/down -> its uint8 row."""
     parts = [torch.cat([gate[0], up[0]]).reshape(-1), torch.cat([gate[1], up[1]]).view(torch.uint8).reshape(-1),
