@@ -175,9 +175,10 @@ def _matrix(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor):
 
 
 DECODES = ("asm", "fp16", "exact")
-# 16-byte loads of the codes where the rows allow them (a 16-byte row stride and start): off. The engine's bank
-# and slot rows are 1,769,484 B apart (4-byte aligned), so the switch changes nothing there until they are
-# padded; scripts/bench_nvfp4_experts_decode.py --grids wide times the kernels over padded rows.
+# 16-byte loads of the codes where the rows allow them (a 16-byte row stride and start, as the engine holds them:
+# quant/nvfp4_rows.py nvfp4_expert_row_stride): off until the paired A/B on the GPU (profile_decode arm "wide",
+# scripts/bench_nvfp4_experts_decode.py --grids wide). Other compiled code, so possibly other bytes than the 4-byte
+# kernels: the switch holds for every row container of the engine at once.
 WIDE_LOADS = False
 
 
