@@ -45,7 +45,7 @@ def test_the_default_grid_on_a_long_cache():
 
 
 @pytest.mark.interpreter_order
-def test_a_merge_before_every_group_arrived_gives_other_bytes():
+def test_a_merge_before_every_group_arrived_gives_other_bytes(nan_empty):
     """Negative control: head 0's counter preset to all its groups but one: the first group to finish merges the
     head's output from group partials the other has not written."""
     q, k, v = _case(8, 2, 32, 300, torch.float32, seed=2)

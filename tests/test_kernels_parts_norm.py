@@ -42,7 +42,7 @@ def test_the_norm_tail_gives_the_bytes_of_the_parts_then_add_rms_norm(hidden, in
 
 
 @pytest.mark.interpreter_order
-def test_a_norm_before_every_tile_arrived_gives_other_bytes():
+def test_a_norm_before_every_tile_arrived_gives_other_bytes(nan_empty):
     """Negative control: the row counter preset to all tiles but one: the first tile to finish runs the norm
     over a residual the other tiles have not written yet (what the row's count guards)."""
     hidden = 96

@@ -37,7 +37,7 @@ def test_router_topk_gives_the_bytes_of_the_gemv_then_route_topk(experts, k, top
 
 
 @pytest.mark.interpreter_order
-def test_a_tail_before_every_program_arrived_gives_other_bytes():
+def test_a_tail_before_every_program_arrived_gives_other_bytes(nan_empty):
     """Negative control: a counter that says all but one program are in makes the first to arrive run the tail
     over logits the others have not written: the routing differs (what the arrival count guards against)."""
     h, router_w, shared_gate = _inputs(256, 2048, torch.float32, seed=5)
