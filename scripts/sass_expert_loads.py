@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 
 os.environ.pop("TRITON_INTERPRET", None)  # noqa: E402 (compile for the GPU, not the interpreter)
 import triton  # noqa: E402
@@ -20,8 +19,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from qwenlocal.engine.kernels import nvfp4_experts_decode as dec  # noqa: E402
 from qwenlocal.engine.kernels import nvfp4_experts_parts as parts  # noqa: E402
 from qwenlocal.engine.quant.nvfp4_rows import nvfp4_expert_row_bytes  # noqa: E402
+from sass_util import sass_of  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 H, I, K = 2048, 512, 8
 ROW = nvfp4_expert_row_bytes(H, I)
 PADDED = -(-ROW // 16) * 16
@@ -51,17 +50,6 @@ def compile_sm90(fn, consts: dict, ints: tuple, aligned_rows: bool, num_warps: i
                           options=dict(num_warps=num_warps))
 
 
-def sass_of(kernel) -> tuple[list[str], str]:
-    """(SASS instructions, registers a thread)."""
-    path = "/tmp/qwenlocal_expert_loads.cubin"
-    with open(path, "wb") as f:
-        f.write(kernel.asm["cubin"])
-    dump = lambda flag: subprocess.run([os.path.join(BIN, "cuobjdump"), flag, path], capture_output=True,  # noqa: E731
-                                       text=True).stdout
-    regs = re.search(r"REG:(\d+)", dump("-res-usage"))
-    return re.findall(r"^\s+/\*[0-9a-f]{4,5}\*/\s+([^;]*);", dump("-sass"), flags=re.M), regs.group(1) if regs else "-"
-
-
 def main() -> None:
     common = dict(K_ROUTED=K, HAS_EXTRA=True, MASKED=False, DECODE="asm", USE_GDC=True)
     print(f"{'kernel':<24} {'launch':<26} {'regs':>4} {'instrs':>6} {'LDG.32':>6} {'LDG.64':>6} {'LDG.128':>7} "
@@ -88,7 +76,8 @@ def main() -> None:
 
 
 def report(name: str, launch: str, kernel, codes: float) -> None:
-    lines, regs = sass_of(kernel)
+    lines, usage, _ = sass_of(kernel, "/tmp/qwenlocal_expert_loads")
+    regs = usage["REG"]
     loads = {w: sum(1 for ln in lines if re.search(rf"\bLDG\.E{w}\s", ln + " ")) for w in ("", ".64", ".128")}
     print(f"{name:<24} {launch:<26} {regs:>4} {len(lines):>6} {loads['']:>6} {loads['.64']:>6} {loads['.128']:>7} "
           f"{len(lines) / codes:>10.2f}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 
 os.environ.pop("TRITON_INTERPRET", None)  # noqa: E402 (compile for the GPU, not the interpreter)
 import triton  # noqa: E402
@@ -19,8 +18,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from qwenlocal.engine.kernels import nvfp4_experts_mma as mma  # noqa: E402
+from sass_util import sass_of  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 TYPES = {"x_ptr": "*bf16", "ids_ptr": "*i64", "words_ptr": "*i32", "bytes_ptr": "*u8", "act_ptr": "*fp32",
          "part_ptr": "*fp32", "counters_ptr": "*i32",
          "xg_w": "*i32", "xg_s": "*u8", "xg_g": "*fp32", "xu_w": "*i32", "xu_s": "*u8", "xu_g": "*fp32"}
@@ -48,7 +47,7 @@ def main() -> None:
     ap.add_argument("--dump", help="write ttgir / ptx / sass per config here")
     args = ap.parse_args()
     print(f"{'split':>5} {'scale':>5} {'block_n':>7} {'warps':>5} {'stages':>6} {'regs':>4} {'stack':>5} {'smem':>6} "
-          f"{'instrs':>6} {'body':>5} {'MMA':>4} {'LDG':>4} {'LDS':>4} {'STS':>4} {'instr/code':>10}")
+          f"{'instrs':>6} {'MMA':>4} {'LDG':>4} {'LDS':>4} {'STS':>4} {'instr/code':>10}")
     for split, scale_in_a, block_n, num_warps, num_stages in CONFIGS:
         try:
             kernel = compile_sm90(block_n, num_warps, num_stages, split, scale_in_a)
@@ -57,26 +56,13 @@ def main() -> None:
             continue
         path = os.path.join(args.dump or "/tmp", f"experts_mma_s{split}{'a' if scale_in_a else 'd'}{block_n}_"
                                                   f"{num_warps}_{num_stages}")
-        with open(path + ".cubin", "wb") as f:
-            f.write(kernel.asm["cubin"])
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", path + ".cubin"], capture_output=True,
-                              text=True).stdout
-        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", path + ".cubin"], capture_output=True,
-                             text=True).stdout
-        if args.dump:
-            for ext in ("ttgir", "ptx"):
-                with open(f"{path}.{ext}", "w") as f:
-                    f.write(kernel.asm[ext])
-            with open(path + ".sass", "w") as f:
-                f.write(sass)
-        lines = re.findall(r"^\s+/\*([0-9a-f]{4,5})\*/\s+([^;]*);", sass, flags=re.M)
         # the K steps are unrolled: count the whole kernel against the codes a thread decodes in all of them
-        body = [ln for _, ln in lines]
+        body, usage, _ = sass_of(kernel, path, bool(args.dump))
         count = lambda op: sum(1 for ln in body if re.search(rf"\b{op}", ln))  # noqa: E731
-        regs, stack = (re.search(rf"{key}:(\d+)", res).group(1) for key in ("REG", "STACK"))
+        regs, stack = usage["REG"], usage["STACK"]
         codes = 2 * block_n * 2048 / split / (32 * num_warps)  # a program: 2 matrices, its K range of each row
         print(f"{split:>5} {'A' if scale_in_a else 'D':>5} {block_n:>7} {num_warps:>5} {num_stages:>6} {regs:>4} {stack:>5} "
-              f"{kernel.metadata.shared:>6} {len(lines):>6} {len(body):>5} {count('H?G?MMA'):>4} {count('LDG'):>4} "
+              f"{kernel.metadata.shared:>6} {len(body):>6} {count('H?G?MMA'):>4} {count('LDG'):>4} "
               f"{count('LDS'):>4} {count('STS'):>4} {len(body) / codes:>10.2f}")
 
 

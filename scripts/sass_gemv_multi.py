@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 
 os.environ.pop("TRITON_INTERPRET", None)  # noqa: E402 (compile for the GPU, not the interpreter)
 import triton  # noqa: E402
@@ -18,9 +17,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from bench_gemv_multi import GROUPS  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
+from sass_util import sass_of  # noqa: E402
 from qwenlocal.engine.kernels import gemv_multi as gm  # noqa: E402
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 WORD = {"dense": "*bf16", "fp8": "*i32", "nvfp4": "*i64"}
 SCALE = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*u8"}
 GLOBAL = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*fp32"}
@@ -61,21 +60,10 @@ def main() -> None:
         kernel = compile_sm90(fmt, len(shapes), k, cfg, args.persistent, args.pdl, args.fp8_cvt)
         stem = re.sub(r"\W+", "_", name)
         path = os.path.join(args.dump or "/tmp", f"gemv_multi_{stem}")
-        with open(path + ".cubin", "wb") as f:
-            f.write(kernel.asm["cubin"])
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", path + ".cubin"], capture_output=True,
-                              text=True).stdout
-        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", path + ".cubin"], capture_output=True,
-                             text=True).stdout
-        if args.dump:
-            for ext in ("ttgir", "ptx"):
-                with open(f"{path}.{ext}", "w") as f:
-                    f.write(kernel.asm[ext])
-            with open(path + ".sass", "w") as f:
-                f.write(sass)
-        instrs = len(re.findall(r"^\s+/\*[0-9a-f]{4}\*/", sass, flags=re.M))
+        lines, usage, sass = sass_of(kernel, path, bool(args.dump))
+        instrs = len(lines)
         codes = cfg.block_n * k // (32 * cfg.num_warps)  # weight elements a thread decodes
-        regs, stack = (re.search(rf"{key}:(\d+)", res).group(1) for key in ("REG", "STACK"))
+        regs, stack = usage["REG"], usage["STACK"]
         print(f"{name:20} {str(config_dict(cfg)):58} {regs:>4} {stack:>5} {kernel.metadata.shared:5} {instrs:6} "
               f"{sass.count('LDG.E.128'):7} {kernel.asm['ttgir'].count('convert_layout'):3} {instrs / codes:10.2f}")
 

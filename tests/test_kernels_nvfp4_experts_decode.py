@@ -169,17 +169,23 @@ def test_fused_matches_its_reference_and_the_model_path(dtype, nan_empty):
            1e-5 if dtype == torch.float32 else 2 ** -7)
 
 
+def slot_copy(bank: torch.Tensor, ids: torch.Tensor, extra: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slots, slot ids): ids' experts (3, 6, 1) copied to permuted slots of another tensor whose rows are
+    `extra` bytes wider (another stride; the extra bytes 0xFF, which a kernel that read them would show)."""
+    slot_of = {3: 4, 6: 0, 1: 2}
+    slots = torch.zeros(5, bank.shape[1] + extra, dtype=torch.uint8)
+    slots[:, bank.shape[1]:] = 0xFF
+    for e, s in slot_of.items():
+        slots[s, :bank.shape[1]] = bank[e]
+    return slots, torch.tensor([[slot_of[e] for e in ids[0].tolist()]])
+
+
 def test_resident_and_slot_rows_give_identical_bytes(nan_empty):
     """The same experts read from the bank by expert id, or from a slot cache (a different tensor, a padded
     row stride, permuted slots) by slot id: act and output byte-equal."""
     hidden, inter = 96, 48
     x, weights, ids, bank, shared, scale, addend = _problem(hidden, inter, 7, [3, 6, 3, 1], 5, torch.bfloat16)
-    slot_of = {3: 4, 6: 0, 1: 2}
-    slots = torch.zeros(5, bank.shape[1] + 20, dtype=torch.uint8)  # wider rows: another stride
-    slots[:, bank.shape[1]:] = 0xFF
-    for e, s in slot_of.items():
-        slots[s, :bank.shape[1]] = bank[e]
-    slot_ids = torch.tensor([[slot_of[e] for e in ids[0].tolist()]])
+    slots, slot_ids = slot_copy(bank, ids)
     results = []
     for rows, which in ((bank, ids), (slots, slot_ids)):
         rows_d, ids_d, x_d, w_d = _dev(rows, which, x, weights)
@@ -274,11 +280,7 @@ def test_the_16_byte_load_kernels_give_one_byte_order_for_bank_and_slot_rows(nan
     hidden, inter = 96, 48
     x, weights, ids, bank, shared, scale, _ = _problem(hidden, inter, 7, [3, 6, 3, 1], 5, torch.bfloat16)
     bank = _padded(bank)
-    slot_of = {3: 4, 6: 0, 1: 2}
-    slots = torch.zeros(6, bank.shape[1], dtype=torch.uint8)
-    for e, s in slot_of.items():
-        slots[s] = bank[e]
-    slot_ids = torch.tensor([[slot_of[e] for e in ids[0].tolist()]])
+    slots, slot_ids = slot_copy(bank, ids, extra=0)  # the same 16-byte stride, another tensor and other slots
     got = []
     for rows, which in ((bank, ids), (slots, slot_ids)):
         rows_d, ids_d = _dev(rows, which)

@@ -13,7 +13,7 @@ from qwenlocal.engine.kernels.nvfp4_experts_mma import (  # noqa: E402
     expert_gate_up_mma, fp16_safe_norm, step_codes,
 )
 from qwenlocal.engine.kernels.nvfp4_grouped import random_nvfp4_rows  # noqa: E402
-from test_kernels_nvfp4_experts_decode import DEVICE, _dev, _problem, _to_dev  # noqa: E402
+from test_kernels_nvfp4_experts_decode import DEVICE, _dev, _problem, _to_dev, slot_copy  # noqa: E402
 
 
 def _rel(out, ref):
@@ -77,12 +77,7 @@ def test_split_combine_resets_its_counters_and_a_false_last_arrival_changes_the_
 def test_bank_and_slot_rows_give_identical_bytes(nan_empty):
     hidden, inter = 256, 32
     x, _, ids, bank, shared, _, _ = _problem(hidden, inter, 7, [3, 6, 3, 1], 5, torch.bfloat16)
-    slot_of = {3: 4, 6: 0, 1: 2}
-    slots = torch.zeros(5, bank.shape[1] + 20, dtype=torch.uint8)  # wider rows: another stride
-    slots[:, bank.shape[1]:] = 0xFF
-    for e, s in slot_of.items():
-        slots[s, :bank.shape[1]] = bank[e]
-    slot_ids = torch.tensor([[slot_of[e] for e in ids[0].tolist()]])
+    slots, slot_ids = slot_copy(bank, ids)
     got = [expert_gate_up_mma(*_dev(x, which, rows), hidden, inter, _to_dev(shared[0] + shared[1]), split=2)
            for rows, which in ((bank, ids), (slots, slot_ids))]
     assert torch.equal(got[0], got[1])

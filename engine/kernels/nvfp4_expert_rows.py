@@ -46,6 +46,28 @@ def e4m3(bits, DECODE: tl.constexpr):
 
 
 @triton.jit
+def gate_up_pointers(ids_ptr, words_ptr, bytes_ptr, H, I, row_words, gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w,
+                     xu_s, xu_g, j, K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr):
+    """Expert j's gate and up matrices (j = 0..k-1 routed: row ids[j]; j = k with HAS_EXTRA: the shared expert's
+    own tensors): (gate words, up words, gate scale bytes, up scale bytes, gate global, up global)."""
+    if K_ROUTED > 0:
+        e = tl.load(ids_ptr + tl.minimum(j, K_ROUTED - 1)).to(tl.int64)
+    else:  # the shared expert alone (no ids to read): row 0's pointers stand in until replaced below
+        e = tl.zeros([], dtype=tl.int64)
+    gate_w = words_ptr + e * row_words  # gate rows 0..I-1 of gate_up, up rows I..2I-1
+    up_w = gate_w + I * (H // 8)
+    gate_s = bytes_ptr + e * row_words * 4 + gu_scale_at
+    up_s = gate_s + I * (H // 16)
+    g_gate = tl.load(gate_w + glob_at).to(tl.float32, bitcast=True)
+    g_up = tl.load(gate_w + glob_at + 1).to(tl.float32, bitcast=True)
+    if HAS_EXTRA:
+        if j == K_ROUTED:
+            gate_w, gate_s, g_gate = xg_w, xg_s, tl.load(xg_g)
+            up_w, up_s, g_up = xu_w, xu_s, tl.load(xu_g)
+    return gate_w, up_w, gate_s, up_s, g_gate, g_up
+
+
+@triton.jit
 def x_tiles(v_ptr, w, mask_w, BLOCK_W: tl.constexpr, MASKED: tl.constexpr, X_SPLIT: tl.constexpr):
     """The activations of the words' codes: 8 fp32 tiles [BLOCK_W], tile c = v[8 * w + c]."""
     if X_SPLIT:  # two contiguous [W, 4] loads (16 B of fp32 a thread), split into the tiles in registers

@@ -32,7 +32,7 @@ import triton.language as tl
 from .launch import gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows, nvfp4_expert_row_bytes
-from .nvfp4_expert_rows import extra_down, routed_down, rows_part, rows_step, x_tiles
+from .nvfp4_expert_rows import extra_down, gate_up_pointers, routed_down, rows_part, rows_step, x_tiles
 from .nvfp4_triton import _store_exact, exact_out
 
 
@@ -44,20 +44,9 @@ def _gate_up_rows(x_ptr, xs, w, mask_w, ids_ptr, words_ptr, bytes_ptr, act_ptr, 
     """act[j, n] for expert j (0..k-1 routed, k the extra one) and rows n. ONE_STEP: the whole row in one K
     step, its activations xs (x_tiles of words w) already loaded; else rows_part's K loop."""
     mask_n = n < I
-    if K_ROUTED > 0:
-        e = tl.load(ids_ptr + tl.minimum(j, K_ROUTED - 1)).to(tl.int64)
-    else:  # the shared expert alone (no ids to read): row 0's pointers stand in until replaced below
-        e = tl.zeros([], dtype=tl.int64)
-    gate_w = words_ptr + e * row_words  # gate rows 0..I-1 of gate_up, up rows I..2I-1
-    up_w = gate_w + I * (H // 8)
-    gate_s = bytes_ptr + e * row_words * 4 + gu_scale_at
-    up_s = gate_s + I * (H // 16)
-    g_gate = tl.load(gate_w + glob_at).to(tl.float32, bitcast=True)
-    g_up = tl.load(gate_w + glob_at + 1).to(tl.float32, bitcast=True)
-    if HAS_EXTRA:
-        if j == K_ROUTED:
-            gate_w, gate_s, g_gate = xg_w, xg_s, tl.load(xg_g)
-            up_w, up_s, g_up = xu_w, xu_s, tl.load(xu_g)
+    gate_w, up_w, gate_s, up_s, g_gate, g_up = gate_up_pointers(
+        ids_ptr, words_ptr, bytes_ptr, H, I, row_words, gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j,
+        K_ROUTED, HAS_EXTRA)
     # int64 rows here, int32 in the down kernel: fewer SASS instructions for each at the real shape (sm_90).
     rows = n.to(tl.int64)
     if ONE_STEP:

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .launch import gdc_prologue, last_to_arrive, new_counter, pdl_launch
-from .nvfp4_expert_rows import e4m3
+from .nvfp4_expert_rows import e4m3, gate_up_pointers
 from .nvfp4_experts_decode import _check, _decode, _matrix, _row_offsets
 
 # The switch of the fused decode step (profile_decode arm "mma") and the launch it uses. Off: measured slower on
@@ -212,20 +212,9 @@ def expert_gate_up_mma_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, par
     q = tl.program_id(1)
     n = q * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < I
-    if K_ROUTED > 0:
-        e = tl.load(ids_ptr + tl.minimum(j, K_ROUTED - 1)).to(tl.int64)
-    else:
-        e = tl.zeros([], dtype=tl.int64)
-    gate_w = words_ptr + e * row_words
-    up_w = gate_w + I * (H // 8)
-    gate_s = bytes_ptr + e * row_words * 4 + gu_scale_at
-    up_s = gate_s + I * (H // 16)
-    g_gate = tl.load(gate_w + glob_at).to(tl.float32, bitcast=True)
-    g_up = tl.load(gate_w + glob_at + 1).to(tl.float32, bitcast=True)
-    if HAS_EXTRA:
-        if j == K_ROUTED:
-            gate_w, gate_s, g_gate = xg_w, xg_s, tl.load(xg_g)
-            up_w, up_s, g_up = xu_w, xu_s, tl.load(xu_g)
+    gate_w, up_w, gate_s, up_s, g_gate, g_up = gate_up_pointers(
+        ids_ptr, words_ptr, bytes_ptr, H, I, row_words, gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j,
+        K_ROUTED, HAS_EXTRA)
     rows = n  # int32 offsets within one matrix (the 64-bit part is in the matrix pointers): fewer instructions
     pos = tl.arange(0, STEP_K)
     idx = _code_index(STEP_K // 8)  # the activation each column position of the decoded tile multiplies

@@ -1,0 +1,30 @@
+"""What the sm_90 SASS scripts share (scripts/sass_*.py): a compiled Triton kernel's cubin through the bundled
+cuobjdump, its instructions and registers, and the optional dump of its stages. No GPU needed."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import triton
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def sass_of(kernel, path: str, dump: bool = False) -> tuple[list[str], dict[str, str], str]:
+    """kernel (triton.compile's) -> (its SASS instructions, {"REG", "STACK"} from -res-usage, the SASS text),
+    the cubin written at path + ".cubin"; dump: also its ttgir, ptx and sass beside it."""
+    with open(path + ".cubin", "wb") as f:
+        f.write(kernel.asm["cubin"])
+    run = lambda flag: subprocess.run([os.path.join(BIN, "cuobjdump"), flag, path + ".cubin"],  # noqa: E731
+                                      capture_output=True, text=True).stdout
+    sass, res = run("-sass"), run("-res-usage")
+    if dump:
+        for ext in ("ttgir", "ptx"):
+            with open(f"{path}.{ext}", "w") as f:
+                f.write(kernel.asm[ext])
+        with open(path + ".sass", "w") as f:
+            f.write(sass)
+    usage = {key: (m.group(1) if (m := re.search(rf"{key}:(\d+)", res)) else "-") for key in ("REG", "STACK")}
+    # addresses grow to five hex digits past 64 KiB of code
+    return re.findall(r"^\s+/\*[0-9a-f]{4,5}\*/\s+([^;]*);", sass, flags=re.M), usage, sass
