@@ -185,7 +185,8 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
     return pair_ids, block_expert
 
 
-LARGE_FROM = 192  # pairs an expert from which large_blocks takes 64-row blocks
+LARGE_FROM = 192  # pairs an expert from which the large-block rule (moe_prefill_blocks=large) applies: here
+# 64-row blocks, nvfp4_grouped.choose_config's 256-row ones
 LARGE_BLOCK_M = 64
 
 

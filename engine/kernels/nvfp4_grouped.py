@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_triton import align_pairs
+from .moe_triton import LARGE_FROM, align_pairs
 from ..quant.nvfp4_rows import unpack_nvfp4_expert  # noqa: F401 (re-exported for the tests)
 from .nvfp4_triton import nvfp4_expert_row_bytes, nvfp4_row_parts
 from .pair_sum import pair_sum
@@ -64,9 +64,6 @@ class GroupedConfig:
         return (f"m{self.block_m} gu{self.gu_block_n}x{self.gu_block_k} dn{self.dn_block_n}x{self.dn_block_k} "
                 f"w{self.num_warps} s{self.num_stages}" + ("" if self.split_a else " strided-a")
                 + ("" if self.group_scales else " byte-scales"))
-
-
-LARGE_FROM = 192  # pairs an expert from which the large-block rule (moe_prefill_blocks=large) takes 256-row blocks
 
 
 def choose_config(num_pairs: int, num_experts: int, gpu: bool, large: bool = False) -> GroupedConfig:
