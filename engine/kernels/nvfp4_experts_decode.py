@@ -11,8 +11,10 @@ so both get the same compiled code). No host reads of ids (CUDA-graph capturable
 
 Speed (memory-bound; the lead sweeps the launch keywords on the GPU, scripts/bench_nvfp4_experts_decode.py):
 each program holds the whole K row (H = 2048 for gate_up, I = 512 for down) of a few rows as a 2-D tile of
-int32 words, 8 E2M1 codes each (contiguous along the row: 128 B a warp per load; rows are only 4-byte aligned,
-1,769,484 B apart, so wider loads are not possible), decoded in registers (nvfp4_expert_rows.py says how).
+int32 words, 8 E2M1 codes each (contiguous along the row: 128 B a warp per load; the checkpoint's rows are
+1,769,484 B apart, 4-byte aligned), decoded in registers (nvfp4_expert_rows.py says how). Rows at an 8-byte
+stride (the engine's: 16) can take nvfp4_experts_groups' kernels instead (int64 words a scale group, 16-byte
+loads, ~40 % fewer instructions a code): its switch GROUPS, or groups= here.
 Gate and up share one pass over x; the activations a word needs, v[8w .. 8w+7], come as eight stride-8 loads or
 (x_split) two contiguous ones split in registers. sm_90 SASS (compiled here with Triton's ptxas, no GPU) is
 ~9 instructions per code for gate_up at block_n 2, ~4.4 of them the decode and FMAs; persistent programs
@@ -33,6 +35,7 @@ from .launch import gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows, nvfp4_expert_row_bytes
 from .nvfp4_expert_rows import extra_down, gate_up_pointers, routed_down, rows_part, rows_step, x_tiles
+from .nvfp4_experts_groups import gate_up_groups, groups_rows
 from .nvfp4_triton import _store_exact, exact_out
 
 
@@ -87,24 +90,6 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
         _gate_up_rows(x_ptr, x_ptr, x_ptr, x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, row_words,
                       gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, tl.program_id(0), n, K_ROUTED,
                       HAS_EXTRA, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, False)
-
-
-@triton.jit
-def expert_gate_up_wide_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, gu_scale_at, glob_at,
-                               xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, H: tl.constexpr, I: tl.constexpr,
-                               ROW_WORDS: tl.constexpr, K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
-                               DECODE: tl.constexpr, X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr,
-                               USE_GDC: tl.constexpr = False):
-    """expert_gate_up_kernel's one-program-a-tile arithmetic over rows at a 16-byte stride (ROW_WORDS a multiple
-    of 4, the row pointer specialized as 16-byte aligned, H and I constants): Triton then loads the codes 16
-    bytes a thread (LDG.E.128) instead of 4. Another compiled code, so possibly other bytes than the 4-byte
-    kernel: every row container of an engine must use the same one (WIDE_LOADS)."""
-    gdc_prologue(USE_GDC)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    _gate_up_rows(x_ptr, x_ptr, x_ptr, x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, ROW_WORDS,
-                  gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, tl.program_id(0), n, K_ROUTED,
-                  HAS_EXTRA, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, False)
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
@@ -164,18 +149,6 @@ def _matrix(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor):
 
 
 DECODES = ("asm", "fp16", "exact")
-# 16-byte loads of the codes where the rows allow them (a 16-byte row stride and start, as the engine holds them:
-# quant/nvfp4_rows.py nvfp4_expert_row_stride): off until the paired A/B on the GPU (profile_decode arm "wide",
-# scripts/bench_nvfp4_experts_decode.py --grids wide). Other compiled code, so possibly other bytes than the 4-byte
-# kernels: the switch holds for every row container of the engine at once.
-WIDE_LOADS = False
-
-
-def wide_rows(rows: torch.Tensor, wide: bool | None) -> bool:
-    """Whether a launch over these rows takes the 16-byte-load kernel: wide=None follows WIDE_LOADS; either way
-    only rows at a 16-byte stride and start can (else the 4-byte kernel, the same results)."""
-    aligned = rows.stride(0) % 16 == 0 and rows.data_ptr() % 16 == 0
-    return aligned and (WIDE_LOADS if wide is None else wide)
 # Persistent expert programs (one wave, x loaded once per program): off; the A/B on the H200 (profile_decode arm
 # "fused-pdl/experts", session 9) was 1.07x the step: fewer instructions, but one wave of programs over 8
 # experts' rows streams worse than a program a tile. The same bytes (tests/test_kernels_nvfp4_experts_decode.py).
@@ -215,9 +188,9 @@ def _block_g(k_in: int, block_g: int | None) -> int:
 
 def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                    extra: tuple | None = None, out: torch.Tensor | None = None, *, block_n: int | None = None,
-                   block_g: int | None = None, num_warps: int = 4, decode: str | None = None,
+                   block_g: int | None = None, num_warps: int | None = None, decode: str | None = None,
                    x_split: bool = True, group_scales: bool = False, programs: int | None = None,
-                   wide: bool | None = None) -> torch.Tensor:
+                   groups: bool | None = None) -> torch.Tensor:
     """act fp32 [n, I] (n = k, + 1 with extra): act[j] = SiLU(gate_j x) * (up_j x) for the row rows[ids[0, j]]
     and, with extra = (gate_packed, gate_scale, gate_scale2, up_packed, up_scale, up_scale2) (QuantLinear NVFP4
     tensors [I, H/2], [I, H/16] e4m3, fp32 []), act[k] for that expert. x [1, H] (or [H]) bf16/fp16/fp32,
@@ -226,14 +199,19 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     sweep's best: 9.35 us vs 10.47 at 8 for the real geometry, scripts/bench_nvfp4_experts_decode.py).
     programs: at most this many persistent programs taking the (expert, row block) tiles in turn, x loaded once
     each (the whole row in one K step only; None: the module switch PERSISTENT, one wave of them, else one
-    program a tile). wide: 16-byte loads where the rows allow them (wide_rows; None: WIDE_LOADS)."""
+    program a tile). groups: the group-word kernel (nvfp4_experts_groups; None: its switch GROUPS) where the rows allow it, with block_n and
+    num_warps its own (None: its defaults)."""
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
-    if block_n is None:  # 2 on a GPU; in Triton's interpreter (tests) whole experts, its time going by programs
-        block_n = 2 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     if out is None:
         out = torch.empty(n, inter, device=x.device, dtype=torch.float32)
+    if programs is None and groups_rows(rows, groups):
+        return gate_up_groups(x, ids, rows, words, hidden, inter, _row_offsets(hidden, inter), extra, out,
+                              _decode(decode, rows), block_n=block_n, num_warps=num_warps)
+    num_warps = num_warps or 4
+    if block_n is None:  # 2 on a GPU; in Triton's interpreter (tests) whole experts, its time going by programs
+        block_n = 2 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     gate = up = (words, rows, out)  # unused stand-ins of the right pointer types
     if extra is not None:
         gate, up = _matrix(*extra[:3]), _matrix(*extra[3:])
@@ -243,13 +221,6 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     tiles = n * triton.cdiv(inter, block_n)
     programs = requested_programs(programs, x.device, num_warps, bg * 16 >= hidden)
     persistent = programs is not None and 0 < programs < tiles
-    if not persistent and wide_rows(rows, wide):  # 16-byte loads (module note at WIDE_LOADS)
-        expert_gate_up_wide_kernel[(n, triton.cdiv(inter, block_n))](
-            x.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out, off["gu_scale_at"],
-            off["glob_at"], *gate, *up, H=hidden, I=inter, ROW_WORDS=words.stride(0), K_ROUTED=k,
-            HAS_EXTRA=extra is not None, BLOCK_N=block_n, BLOCK_G=bg, MASKED=masked, DECODE=_decode(decode, rows),
-            X_SPLIT=x_split, GROUP_SCALES=group_scales, num_warps=num_warps, **pdl_launch(x.device))
-        return out
     expert_gate_up_kernel[(programs,) if persistent else (n, triton.cdiv(inter, block_n))](
         x.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out, hidden, inter, words.stride(0),
         off["gu_scale_at"], off["glob_at"], *gate, *up, tiles, K_ROUTED=k, HAS_EXTRA=extra is not None,

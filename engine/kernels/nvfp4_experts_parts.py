@@ -26,7 +26,8 @@ from .parts_norm import parts_norm_tail
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
 from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
-from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs, wide_rows
+from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs
+from .nvfp4_experts_groups import down_parts_groups, groups_rows
 
 BLOCK_M = 16  # outputs a program (the H200 sweep's best, docs/RESULTS.md session 6)
 
@@ -93,31 +94,13 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                             tl.program_id(0), tl.num_programs(0), K_ROUTED + 1, BLOCK_M, ROUND, BLOCK_H, FENCE)
 
 
-@triton.jit
-def expert_down_parts_wide_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, dn_at, dn_scale_at,
-                                  glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, H: tl.constexpr,
-                                  I: tl.constexpr, ROW_WORDS: tl.constexpr, K_ROUTED: tl.constexpr,
-                                  HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
-                                  HAS_ADDEND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
-                                  MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
-                                  GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """expert_down_parts_kernel's one-program-a-tile arithmetic over rows at a 16-byte stride, for 16-byte loads
-    (nvfp4_experts_decode.expert_gate_up_wide_kernel says why and what it needs)."""
-    gdc_prologue(USE_GDC)
-    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, ROW_WORDS, dn_at, dn_scale_at,
-               glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, tl.program_id(1), m, None, None, None,
-               K_ROUTED, HAS_EXTRA, HAS_EXTRA_SCALE, HAS_ADDEND, BLOCK_M, BLOCK_G, MASKED, DECODE, X_SPLIT,
-               GROUP_SCALES, False)
-
-
 def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int,
                       inter: int, extra: tuple | None = None, extra_scale: torch.Tensor | None = None,
                       addend: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
-                      write_shared: bool = True, block_m: int = BLOCK_M,
-                      block_g: int | None = None, num_warps: int = 2, decode: str | None = None,
+                      write_shared: bool = True, block_m: int | None = None,
+                      block_g: int | None = None, num_warps: int | None = None, decode: str | None = None,
                       x_split: bool = True, group_scales: bool = True, programs: int | None = None,
-                      norm: tuple | None = None, wide: bool | None = None):
+                      norm: tuple | None = None, groups: bool | None = None):
     """fp32 parts [k + 1, 1, H]: parts[j] = weights[0, j] * (down_j @ act[j]) for the row rows[ids[0, j]],
     parts[k] = extra_scale * (down_extra @ act[k]) with extra = (down_packed, down_scale, down_scale2), or
     addend [1, H] (any float dtype), or zeros. act fp32 [k (+1), I] (expert_gate_up's). One launch, grid
@@ -131,7 +114,8 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     norm = (x [1, H], norm_w [H], eps, counters: launch.new_counter(device, H / block_m + 1)): the next residual
     add + RMSNorm in this launch (parts_norm.py): returns (new_x, normed), add_rms_norm(x, parts, norm_w, eps)'s
     (the norm within its order of sums), instead of the parts. One program a tile, every part written.
-    wide: 16-byte loads where the rows allow them (nvfp4_experts_decode.wide_rows; not with norm or programs)."""
+    groups: the group-word kernel (nvfp4_experts_groups; None: its switch GROUPS) where the rows allow it and
+    neither norm nor programs is asked, block_m and num_warps its own (None: its defaults)."""
     if extra is not None and addend is not None:
         raise ValueError("give the shared expert as extra (its down projection) or as addend, not both")
     words = _check(rows, hidden, inter)
@@ -146,21 +130,16 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     off = _row_offsets(hidden, inter)
     if not write_shared and (extra is not None or addend is not None):
         raise ValueError("write_shared=False leaves the shared row to the caller: give neither extra nor addend")
+    if norm is None and programs is None and groups_rows(rows, groups):
+        return down_parts_groups(act, weights, ids, rows, words, hidden, inter, off, extra, extra_scale, addend,
+                                 out, k + 1 if write_shared else k, _decode(decode, rows), block_m=block_m,
+                                 num_warps=num_warps)
+    block_m, num_warps = block_m or BLOCK_M, num_warps or 2
     experts, tiles = k + 1 if write_shared else k, triton.cdiv(hidden, block_m)
     programs = requested_programs(programs, act.device, num_warps, bg * 16 >= inter)
     per_expert = max(1, (programs or 0) // max(1, experts))
     persistent = programs is not None and per_expert < tiles
     tail = _norm_tail(norm, act.device, hidden, tiles, write_shared and not persistent)
-    if not persistent and norm is None and wide_rows(rows, wide):  # 16-byte loads (nvfp4_experts_decode)
-        expert_down_parts_wide_kernel[(tiles, experts)](
-            act.contiguous(), weights.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out,
-            off["dn_at"], off["dn_scale_at"], off["glob_at"], *down, scale,
-            addend.reshape(-1).contiguous() if addend is not None else act, H=hidden, I=inter,
-            ROW_WORDS=words.stride(0), K_ROUTED=k, HAS_EXTRA=extra is not None,
-            HAS_EXTRA_SCALE=extra_scale is not None, HAS_ADDEND=addend is not None, BLOCK_M=block_m, BLOCK_G=bg,
-            MASKED=hidden % block_m != 0 or (inter // 16) % bg != 0, DECODE=_decode(decode, rows), X_SPLIT=x_split,
-            GROUP_SCALES=group_scales, num_warps=num_warps, **pdl_launch(act.device))
-        return out
     expert_down_parts_kernel[(per_expert if persistent else tiles, experts)](
         act.contiguous(), weights.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out,
         hidden, inter, words.stride(0), off["dn_at"], off["dn_scale_at"], off["glob_at"], *down, scale,
