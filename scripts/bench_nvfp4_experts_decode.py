@@ -91,8 +91,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None, help="graph replays per row (default 50; CPU 1)")
     ap.add_argument("--budget", type=float, default=240.0, help="start no grid config after this many seconds")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--grids", default="gate_up,down,parts",  # also: mma (expert_gate_up_mma's configs), groups
-                    # (the group-word kernels over the rows at a 16-byte stride, beside the 4-byte-word ones)
+    ap.add_argument("--grids", default="gate_up,down,parts",  # also: mma (expert_gate_up_mma's configs)
                     help="which sweeps to run: gate_up, down (expert_down), parts (expert_down_parts, the sum left "
                          "to the next add_rms_norm: timed with and without that norm)")
     args = ap.parse_args()
@@ -237,32 +236,6 @@ def main() -> int:
         grid += [dict(decode="fp16"), dict(decode="exact")] if cuda else [dict(decode="exact")]
     best = {}
     chosen = set(args.grids.split(","))
-    if "groups" in chosen:  # the same experts at a 16-byte row stride: the group-word kernels against the defaults
-        stride = -(-rows.shape[1] // 16) * 16
-        padded = torch.zeros(rows.shape[0], stride, dtype=torch.uint8, device=dev)
-        padded[:, :rows.shape[1]] = rows
-        shared = p0["shared"]
-        gu_groups = ([dict(), dict(block_n=4), dict(block_n=2, num_warps=4), dict(block_n=4, num_warps=4),
-                      dict(block_n=1, num_warps=1), dict(block_n=2, num_warps=1), dict(block_n=8, num_warps=4)]
-                     if cuda else [dict()])
-        measure("gate_up default (4-byte words), padded rows",
-                lambda p: expert_gate_up(p["x"], p["ids"], padded, h, i, p["shared"][0] + p["shared"][1],
-                                         groups=False), gu_bytes, p0["act"])
-        for cfg in gu_groups:
-            measure("gate_up groups " + " ".join(f"{a}={b}" for a, b in cfg.items()),
-                    lambda p, **c: expert_gate_up(p["x"], p["ids"], padded, h, i, p["shared"][0] + p["shared"][1],
-                                                  groups=True, **c), gu_bytes, p0["act"], **cfg)
-        ref = expert_down_parts_reference(p0["act"], p0["w"], p0["ids"], rows, h, i, shared[2], p0["scale"])
-        measure("parts default (4-byte words), padded rows",
-                lambda p: expert_down_parts(p["act"], p["w"], p["ids"], padded, h, i, p["shared"][2], p["scale"],
-                                            groups=False), dn_bytes, ref)
-        dn_groups = ([dict(), dict(block_m=8), dict(block_m=32), dict(block_m=16, num_warps=4),
-                      dict(block_m=32, num_warps=4), dict(block_m=16, num_warps=1), dict(block_m=64, num_warps=4)]
-                     if cuda else [dict()])
-        for cfg in dn_groups:
-            measure("parts groups " + " ".join(f"{a}={b}" for a, b in cfg.items()),
-                    lambda p, **c: expert_down_parts(p["act"], p["w"], p["ids"], padded, h, i, p["shared"][2],
-                                                     p["scale"], groups=True, **c), dn_bytes, ref, **cfg)
     if "mma" in chosen:  # what it replaces, at its default launch
         measure("gate_up (expert_gate_up, default config)", gate_up, gu_bytes, p0["act"])
     for name, fn, grid, nbytes, ref in (("mma", gate_up_mma, mma_grid, gu_bytes, p0["act"]),

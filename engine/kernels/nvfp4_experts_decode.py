@@ -12,9 +12,9 @@ so both get the same compiled code). No host reads of ids (CUDA-graph capturable
 Speed (memory-bound; the lead sweeps the launch keywords on the GPU, scripts/bench_nvfp4_experts_decode.py):
 each program holds the whole K row (H = 2048 for gate_up, I = 512 for down) of a few rows as a 2-D tile of
 int32 words, 8 E2M1 codes each (contiguous along the row: 128 B a warp per load; the checkpoint's rows are
-1,769,484 B apart, 4-byte aligned), decoded in registers (nvfp4_expert_rows.py says how). Rows at an 8-byte
-stride (the engine's: 16) can take nvfp4_experts_groups' kernels instead (int64 words a scale group, 16-byte
-loads, ~40 % fewer instructions a code): its switch GROUPS, or groups= here.
+1,769,484 B apart, 4-byte aligned), decoded in registers (nvfp4_expert_rows.py says how). Over the engine's
+16-byte row stride, neither 16-byte loads of the same gate/up tile nor int64 words a scale group with ~40 %
+fewer instructions a code was faster on the H200 (1.23x and 1.64x the time: docs/RESULTS.md session 14).
 Gate and up share one pass over x; the activations a word needs, v[8w .. 8w+7], come as eight stride-8 loads or
 (x_split) two contiguous ones split in registers. sm_90 SASS (compiled here with Triton's ptxas, no GPU) is
 ~9 instructions per code for gate_up at block_n 2, ~4.4 of them the decode and FMAs; persistent programs
@@ -35,7 +35,6 @@ from .launch import gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows, nvfp4_expert_row_bytes
 from .nvfp4_expert_rows import extra_down, gate_up_pointers, routed_down, rows_part, rows_step, x_tiles
-from .nvfp4_experts_groups import gate_up_groups, groups_rows
 from .nvfp4_triton import _store_exact, exact_out
 
 
@@ -188,9 +187,8 @@ def _block_g(k_in: int, block_g: int | None) -> int:
 
 def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                    extra: tuple | None = None, out: torch.Tensor | None = None, *, block_n: int | None = None,
-                   block_g: int | None = None, num_warps: int | None = None, decode: str | None = None,
-                   x_split: bool = True, group_scales: bool = False, programs: int | None = None,
-                   groups: bool | None = None) -> torch.Tensor:
+                   block_g: int | None = None, num_warps: int = 4, decode: str | None = None,
+                   x_split: bool = True, group_scales: bool = False, programs: int | None = None) -> torch.Tensor:
     """act fp32 [n, I] (n = k, + 1 with extra): act[j] = SiLU(gate_j x) * (up_j x) for the row rows[ids[0, j]]
     and, with extra = (gate_packed, gate_scale, gate_scale2, up_packed, up_scale, up_scale2) (QuantLinear NVFP4
     tensors [I, H/2], [I, H/16] e4m3, fp32 []), act[k] for that expert. x [1, H] (or [H]) bf16/fp16/fp32,
@@ -199,17 +197,12 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     sweep's best: 9.35 us vs 10.47 at 8 for the real geometry, scripts/bench_nvfp4_experts_decode.py).
     programs: at most this many persistent programs taking the (expert, row block) tiles in turn, x loaded once
     each (the whole row in one K step only; None: the module switch PERSISTENT, one wave of them, else one
-    program a tile). groups: the group-word kernel (nvfp4_experts_groups; None: its switch GROUPS) where the rows allow it, with block_n and
-    num_warps its own (None: its defaults)."""
+    program a tile)."""
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
     if out is None:
         out = torch.empty(n, inter, device=x.device, dtype=torch.float32)
-    if programs is None and groups_rows(rows, groups):
-        return gate_up_groups(x, ids, rows, words, hidden, inter, _row_offsets(hidden, inter), extra, out,
-                              _decode(decode, rows), block_n=block_n, num_warps=num_warps)
-    num_warps = num_warps or 4
     if block_n is None:  # 2 on a GPU; in Triton's interpreter (tests) whole experts, its time going by programs
         block_n = 2 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     gate = up = (words, rows, out)  # unused stand-ins of the right pointer types

@@ -27,7 +27,6 @@ from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
 from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
 from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs
-from .nvfp4_experts_groups import down_parts_groups, groups_rows
 
 BLOCK_M = 16  # outputs a program (the H200 sweep's best, docs/RESULTS.md session 6)
 
@@ -97,10 +96,10 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
 def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int,
                       inter: int, extra: tuple | None = None, extra_scale: torch.Tensor | None = None,
                       addend: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
-                      write_shared: bool = True, block_m: int | None = None,
-                      block_g: int | None = None, num_warps: int | None = None, decode: str | None = None,
+                      write_shared: bool = True, block_m: int = BLOCK_M,
+                      block_g: int | None = None, num_warps: int = 2, decode: str | None = None,
                       x_split: bool = True, group_scales: bool = True, programs: int | None = None,
-                      norm: tuple | None = None, groups: bool | None = None):
+                      norm: tuple | None = None):
     """fp32 parts [k + 1, 1, H]: parts[j] = weights[0, j] * (down_j @ act[j]) for the row rows[ids[0, j]],
     parts[k] = extra_scale * (down_extra @ act[k]) with extra = (down_packed, down_scale, down_scale2), or
     addend [1, H] (any float dtype), or zeros. act fp32 [k (+1), I] (expert_gate_up's). One launch, grid
@@ -113,9 +112,7 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     nvfp4_experts_decode.PERSISTENT, one wave of them, else one program a tile). The same bytes either way.
     norm = (x [1, H], norm_w [H], eps, counters: launch.new_counter(device, H / block_m + 1)): the next residual
     add + RMSNorm in this launch (parts_norm.py): returns (new_x, normed), add_rms_norm(x, parts, norm_w, eps)'s
-    (the norm within its order of sums), instead of the parts. One program a tile, every part written.
-    groups: the group-word kernel (nvfp4_experts_groups; None: its switch GROUPS) where the rows allow it and
-    neither norm nor programs is asked, block_m and num_warps its own (None: its defaults)."""
+    (the norm within its order of sums), instead of the parts. One program a tile, every part written."""
     if extra is not None and addend is not None:
         raise ValueError("give the shared expert as extra (its down projection) or as addend, not both")
     words = _check(rows, hidden, inter)
@@ -130,11 +127,6 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     off = _row_offsets(hidden, inter)
     if not write_shared and (extra is not None or addend is not None):
         raise ValueError("write_shared=False leaves the shared row to the caller: give neither extra nor addend")
-    if norm is None and programs is None and groups_rows(rows, groups):
-        return down_parts_groups(act, weights, ids, rows, words, hidden, inter, off, extra, extra_scale, addend,
-                                 out, k + 1 if write_shared else k, _decode(decode, rows), block_m=block_m,
-                                 num_warps=num_warps)
-    block_m, num_warps = block_m or BLOCK_M, num_warps or 2
     experts, tiles = k + 1 if write_shared else k, triton.cdiv(hidden, block_m)
     programs = requested_programs(programs, act.device, num_warps, bg * 16 >= inter)
     per_expert = max(1, (programs or 0) // max(1, experts))
