@@ -19,7 +19,6 @@ runs), median of --repeat replays, divided by --calls. The per-step totals multi
     python scripts/bench_gemv_multi.py --grid none        # old vs new only
     python scripts/bench_gemv_multi.py --grid persistent  # the persistent kernel's configs (gemv_multi.PERSISTENT)
     python scripts/bench_gemv_multi.py --fp8-cvt          # FP8 through the hardware conversion (gemv_multi.FP8_CVT)
-    python scripts/bench_gemv_multi.py --fp8-cvt --grid chain   # the K-step tiles against the 3-D ones, paired
     TRITON_INTERPRET=1 python scripts/bench_gemv_multi.py --device cpu    # smoke run, tiny shapes (~5 s)
 """
 from __future__ import annotations
@@ -142,24 +141,6 @@ def persistent_grid(base, n_total: int, dev) -> list:
     return out
 
 
-def chain_pair(name, fmt, x, parts, order, size, repeat, cuda, rounds: int = 3) -> None:
-    """One group at its default config: the 3-D tiles and the K-step tiles (gemv_multi.CHAIN / CHAIN_NVFP4),
-    timed in turn for `rounds` rounds; medians, the ratio, and each one's error against the reference."""
-    ref = gemv_multi_reference(x, parts, torch.float32)
-    times, errs = {False: [], True: []}, {}
-    for _ in range(rounds):
-        for chain in (False, True):
-            gm.CHAIN = gm.CHAIN_NVFP4 = chain
-            times[chain].append(timed([lambda b=b: gemv_multi(x, b) for b in order], repeat, cuda))
-            y = gemv_multi(x, parts, out_dtype=torch.float32)
-            errs[chain] = ((y - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
-    gm.CHAIN = gm.CHAIN_NVFP4 = False
-    old, new = statistics.median(times[False]), statistics.median(times[True])
-    print(f"{name:20} {fmt:5} {size / 2**20:7.2f} MB  tile3 {old * 1e6:7.1f} us  chain {new * 1e6:7.1f} us  "
-          f"ratio {new / old:5.3f}  ({', '.join(f'{a / b:.3f}' for a, b in zip(times[True], times[False]))})  "
-          f"{100 * size / new / PEAK:5.1f} % of peak  err {errs[False]:.1e} / {errs[True]:.1e}", flush=True)
-
-
 def kwargs(cfg) -> dict:
     return dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k,
                 programs=cfg.programs, l2_ahead=cfg.l2_ahead)
@@ -168,9 +149,7 @@ def kwargs(cfg) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--grid", choices=("none", "small", "persistent", "chain"),
-                    help="default: small on CUDA, none on the CPU; chain: the default config with the K-step tiles "
-                         "(gemv_multi.CHAIN, CHAIN_NVFP4) against the 3-D ones, interleaved, 3 rounds")
+    ap.add_argument("--grid", choices=("none", "small", "persistent"), help="default: small on CUDA, none on the CPU")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--calls", type=int, default=32, help="calls per timed CUDA graph (CPU: one per copy)")
     ap.add_argument("--only", default="", help="substring of the group names to run")
@@ -194,13 +173,10 @@ def main() -> None:
         k = shapes[0][1]
         x = torch.randn(1, k, device=dev).to(torch.bfloat16)
         order = [banks[i % copies] for i in range(max(args.calls, copies) if cuda else copies)]
+        t_old = timed([lambda b=b: old_path(x, b) for b in order], repeat, cuda)
         n_total = sum(n for n, _ in shapes)
         base = choose_config(fmt, n_total, k)
         grid = args.grid or ("small" if cuda else "none")
-        if grid == "chain":
-            chain_pair(name, fmt, x, gen_parts, order, size, repeat, cuda)
-            continue
-        t_old = timed([lambda b=b: old_path(x, b) for b in order], repeat, cuda)
         configs = {"small": lambda: config_grid(base), "none": lambda: [base],
                    "persistent": lambda: persistent_grid(base, n_total, dev)}[grid]()
         results = []

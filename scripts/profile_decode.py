@@ -122,8 +122,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "router": (router_gemv, "FUSED"), "gemvnorm": (gemv_norm, "FUSED"),
             "partsnorm": (parts_norm, "FUSED"), "gdntail": (gdn_decode, "NORM_SHIFT_TAIL"),
             "mixed": (gemv_mixed, "MIXED"), "attn": (attention_decode, "TRITON"),
-            "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
-            "chain": (gemv_multi, "CHAIN"), "chain4": (gemv_multi, "CHAIN_NVFP4")}
+            "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

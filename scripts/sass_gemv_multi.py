@@ -3,7 +3,7 @@
 choose_config's config: registers, spill stack, shared memory, SASS instructions, 16 B loads, layout conversions.
 A check that the kernel compiles for the H200 and how much work a thread does, not a timing.
 
-    python scripts/sass_gemv_multi.py [--dump DIR] [--persistent] [--pdl] [--fp8-cvt] [--chain]  # DIR: per-shape stages
+    python scripts/sass_gemv_multi.py [--dump DIR] [--persistent] [--pdl] [--fp8-cvt]   # DIR: ttgir / ptx / sass per shape
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ GLOBAL = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*fp32"}
 
 
 def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: bool = False, pdl: bool = False,
-                 fp8_cvt: bool = False, chain: bool = False):
+                 fp8_cvt: bool = False):
     fn = gm.gemv_multi_kernel
     cvt = fp8_cvt and fmt == "fp8"
     sig = {}
@@ -37,8 +37,7 @@ def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: b
                      "n": "i32", "p": "i32", "tiles": "i32"}.get(kind if kind in "wsgnp" else name, "constexpr")
     consts = dict(K=k, FMT=gm._FMT_ID[fmt], PARTS=parts, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   CHUNK=gm.chunk_words(fmt, cfg, fp8_cvt=cvt), OUT_BF16=True, USE_GDC=pdl, PERSISTENT=persistent,
-                  L2_AHEAD=gm.L2_AHEAD if persistent else 0, FP8_CVT=cvt, ASM=fmt == "nvfp4",
-                  CHAIN=chain, CHAIN4=chain)
+                  L2_AHEAD=gm.L2_AHEAD if persistent else 0, FP8_CVT=cvt)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
@@ -50,7 +49,6 @@ def main() -> None:
     ap.add_argument("--persistent", action="store_true", help="the persistent kernel (gemv_multi.PERSISTENT)")
     ap.add_argument("--pdl", action="store_true", help="with programmatic launch (USE_GDC)")
     ap.add_argument("--fp8-cvt", action="store_true", help="FP8 through the hardware conversion (gemv_multi.FP8_CVT)")
-    ap.add_argument("--chain", action="store_true", help="the K-step tiles (gemv_multi.CHAIN and CHAIN_NVFP4)")
     args = ap.parse_args()
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
@@ -59,7 +57,7 @@ def main() -> None:
     for name, fmt, shapes, _ in GROUPS:
         k, n_total = shapes[0][1], sum(n for n, _ in shapes)
         cfg = gm.choose_config(fmt, n_total, k)
-        kernel = compile_sm90(fmt, len(shapes), k, cfg, args.persistent, args.pdl, args.fp8_cvt, args.chain)
+        kernel = compile_sm90(fmt, len(shapes), k, cfg, args.persistent, args.pdl, args.fp8_cvt)
         stem = re.sub(r"\W+", "_", name)
         path = os.path.join(args.dump or "/tmp", f"gemv_multi_{stem}")
         lines, usage, sass = sass_of(kernel, path, bool(args.dump))

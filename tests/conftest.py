@@ -36,17 +36,6 @@ def nan_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty", poisoned)
 
 
-@pytest.fixture(params=[False, True], ids=["tile3", "chain"])
-def chain(request, monkeypatch):
-    """Both tile shapes of the GEMV kernels (kernels/gemv_codes.py): the 3-D tiles, and the K steps with
-    in-thread sums (gemv_multi.CHAIN and CHAIN_NVFP4 on)."""
-    from qwenlocal.engine.kernels import gemv_multi
-
-    monkeypatch.setattr(gemv_multi, "CHAIN", request.param)
-    monkeypatch.setattr(gemv_multi, "CHAIN_NVFP4", request.param)
-    return request.param
-
-
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)

@@ -19,7 +19,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
                                                           ("nvfp4", (20,), "dense", (7,), 96),
                                                           ("dense", (9,), "fp8", (33, 2), 48),
                                                           ("fp8", (64,), "nvfp4", (16, 5), 2048)])
-def test_two_formats_give_the_bytes_of_gemv_multi_of_each(fmt_a, ns_a, fmt_b, ns_b, k, x_dtype, nan_empty, chain):
+def test_two_formats_give_the_bytes_of_gemv_multi_of_each(fmt_a, ns_a, fmt_b, ns_b, k, x_dtype, nan_empty):
     gen = torch.Generator().manual_seed(k + sum(ns_a) + sum(ns_b))
     parts_a = [make_part(fmt_a, n, k, gen, dense_dtype=x_dtype) for n in ns_a]
     parts_b = [make_part(fmt_b, n, k, gen, dense_dtype=x_dtype) for n in ns_b]

@@ -1,8 +1,7 @@
 """gemv_multi (several linears of one input in one launch) against its torch reference (dequantize with
 quant.formats, F.linear in fp32, cat): awkward K and part sizes for dense / FP8 / NVFP4, bf16 and fp32 x, NaN-
 poisoned outputs; every E4M3 / E2M1 code and E4M3 block scale (subnormals included) byte-exactly; splitting a
-call into single-weight calls changes no byte; the launch config is a pure function of the shape. The kernel
-tests run with both tile shapes (gemv_multi.CHAIN / CHAIN_NVFP4 off and on: conftest's `chain` fixture)."""
+call into single-weight calls changes no byte; the launch config is a pure function of the shape."""
 import dataclasses
 
 import pytest
@@ -41,7 +40,7 @@ def abs_bound(x: torch.Tensor, parts) -> torch.Tensor:
 @pytest.mark.parametrize("ns", [(37, 5, 5), (1,), (64, 64, 3, 3)])
 @pytest.mark.parametrize("k", [48, 160, 2048 + 32])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_gemv_multi_matches_reference(fmt, k, ns, x_dtype, nan_empty, chain):
+def test_gemv_multi_matches_reference(fmt, k, ns, x_dtype, nan_empty):
     gen = torch.Generator().manual_seed(k * 100 + sum(ns))
     parts = [make_part(fmt, n, k, gen) for n in ns]
     x = (torch.randn(k, generator=gen) * 3).to(x_dtype).to(DEVICE)
@@ -67,7 +66,7 @@ def test_gemv_multi_matches_reference(fmt, k, ns, x_dtype, nan_empty, chain):
 @pytest.mark.parametrize("fmt", FORMATS + ("fp8-cvt",))
 @pytest.mark.parametrize("config", [dict(block_k=64), dict(block_k=16, block_n=4), dict(warps_k=2, num_warps=2),
                                     dict(block_n=32, num_warps=4)])
-def test_gemv_multi_any_config_matches_reference(fmt, config, nan_empty, chain):
+def test_gemv_multi_any_config_matches_reference(fmt, config, nan_empty):
     """K split over blocks (160 = 2.5 blocks of 64: the masked tail), tiny blocks, 2 warps across a row."""
     gen = torch.Generator().manual_seed(7)
     if fmt == "fp8-cvt":  # the FP8 codes through the hardware conversion (float8 elements)
@@ -89,7 +88,7 @@ def one_code_per_row(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("fp8_cvt", [False, True])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_fp8_every_code_is_exact(out_dtype, fp8_cvt, nan_empty, chain):
+def test_fp8_every_code_is_exact(out_dtype, fp8_cvt, nan_empty):
     """Each row holds one E4M3 code (all 254 non-NaN codes: both signs, subnormals) in a zero row: the output is
     the dequantized weight times an x power of two, byte-equal to the reference."""
     codes = torch.arange(256, dtype=torch.uint8)
@@ -105,7 +104,7 @@ def test_fp8_every_code_is_exact(out_dtype, fp8_cvt, nan_empty, chain):
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_nvfp4_every_code_and_block_scale_is_exact(out_dtype, nan_empty, chain):
+def test_nvfp4_every_code_and_block_scale_is_exact(out_dtype, nan_empty):
     """Every E2M1 code at every nibble position of a 16-code group, under every non-NaN E4M3 block scale."""
     n, k = 16 * 16 * 2, 64
     r = torch.arange(n)
@@ -128,7 +127,7 @@ def test_nvfp4_every_code_and_block_scale_is_exact(out_dtype, nan_empty, chain):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_splitting_a_call_changes_no_byte(fmt, nan_empty, chain):
+def test_splitting_a_call_changes_no_byte(fmt, nan_empty):
     """gemv_multi over [A, B] is torch.cat of gemv(A), gemv(B) under the same config, for both output dtypes."""
     gen = torch.Generator().manual_seed(11)
     a, b = make_part(fmt, 37, 160, gen), make_part(fmt, 21, 160, gen)
@@ -144,7 +143,7 @@ def test_splitting_a_call_changes_no_byte(fmt, nan_empty, chain):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("programs", [1, 3, 7])
-def test_persistent_programs_give_the_bytes_of_one_program_a_tile(fmt, programs, nan_empty, chain):
+def test_persistent_programs_give_the_bytes_of_one_program_a_tile(fmt, programs, nan_empty):
     """Fewer programs than tiles, each taking tiles pid, pid + grid, ... (7: a grid that does not divide the 9
     tiles; 1: one program takes them all, across the parts' boundaries): every byte as one program a tile, for
     both output dtypes. The outputs start as NaN (nan_empty): a tile no turn visits fails."""

@@ -44,7 +44,7 @@ def _assert_bytes(got, ref, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fmt, n, k, fp8_cvt", [("dense", 37, 48, False), ("fp8", 100, 64, False),
                                                  ("fp8", 2048, 512, True), ("nvfp4", 160, 96, False)])
-def test_gemv_add_rms_norm_gives_the_bytes_of_gemv_then_add_rms_norm(fmt, n, k, fp8_cvt, dtype, chain):
+def test_gemv_add_rms_norm_gives_the_bytes_of_gemv_then_add_rms_norm(fmt, n, k, fp8_cvt, dtype):
     a, weight, x, norm_w = _inputs(fmt, n, k, dtype, seed=n + k)
     ref = _reference(a, weight, x, norm_w, fp8_cvt)
     counter = new_counter(a.device)

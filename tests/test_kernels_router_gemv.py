@@ -26,7 +26,7 @@ def _inputs(experts, k, dtype, seed):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("experts, k, top_k", [(256, 2048, 8), (37, 100, 5), (9, 48, 9), (1, 16, 1)])
-def test_router_topk_gives_the_bytes_of_the_gemv_then_route_topk(experts, k, top_k, dtype, chain):
+def test_router_topk_gives_the_bytes_of_the_gemv_then_route_topk(experts, k, top_k, dtype):
     h, router_w, shared_gate = _inputs(experts, k, dtype, seed=experts + k)
     ref = route_topk(gemv_multi(h, [router_w, shared_gate]).reshape(-1), experts, top_k, dtype)
     counter = new_counter(h.device)

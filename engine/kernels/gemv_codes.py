@@ -2,13 +2,11 @@
 decoded in registers (kernels/gemv_multi.py says why these bit placements, not the house helpers), and the L2
 prefetch of a program's rows.
 
-The shape of all three: K steps of a [BLOCK_N, CHUNK] tile (CHUNK: 16 B a thread across warps_k warps), each
-thread accumulating its products in fp32 across the steps (FMA chains), one reduction a row at the end; x
-loaded in the tile's own layout (_rows0). The earlier [BLOCK_N, chunks, CHUNK] tile reduced every K step
-across threads and moved x through shared memory: ~2x the SASS instructions a code (10.2 -> 4.9 for the FP8
-in_proj, scripts/sass_gemv_multi.py).
-
-Deterministic: each row's sum has a fixed order, set by the tile shape and the steps alone.
+Deterministic: each row's sum has a fixed order, set by the tile shape [BLOCK_N, chunks, CHUNK] alone.
+Measured, not kept (docs/RESULTS.md session 14, commit 7afc0d1): the same products as K steps of a
+[BLOCK_N, CHUNK] tile summed in registers, with x loaded in the tile's layout, compile to about half the SASS
+instructions a code (FP8 in_proj 10.2 -> 4.9) yet run 1.08x (FP8 in_proj, q+k+v) to 3x (the NVFP4 lm_head) slower:
+the one-shot 3-D tile keeps a program's whole tile of loads in flight, which is what these GEMVs are bound by.
 """
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ import triton
 import triton.language as tl
 
 from .launch import prefetch_l2
-from .nvfp4_expert_rows import e2m1_pair
 
 _SIGNS = tl.constexpr(-0x7FFF8000)  # 0x80008000 as an int32: the sign bits of both fp16 halves
 _MAGS = tl.constexpr(0x0E000E00)  # an E2M1 magnitude (e e m) placed as fp16 exponent bits 11-10, mantissa bit 9
@@ -49,111 +46,6 @@ def _e4m3_scaled(bits):
 
 
 @triton.jit
-def _rows0(rows64):
-    """Zeros [BLOCK_N, 1]: x's offsets plus these are a tile of the weights' own shape with a zero stride over
-    the rows, so the compiler gives each thread the x of its own columns (loaded once, however many rows it
-    holds) instead of loading x in a layout of its own and exchanging it through shared memory (~2 shared-memory
-    round trips and barriers a K step: docs/RESULTS.md session 14)."""
-    return tl.zeros([rows64.shape[0], 1], dtype=tl.int32)
-
-
-@triton.jit
-def dense_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 CHUNK: tl.constexpr):
-    """sum over K block k0 of W[rows] * x for a plain [N, K] weight (or FP8 codes converted by the hardware):
-    BLOCK_K / CHUNK steps of a [BLOCK_N, CHUNK] tile (CHUNK: 16 B a thread across warps_k warps), each thread
-    accumulating its products in fp32 (one FMA a code), then one reduction a row at the end."""
-    C: tl.constexpr = BLOCK_K // CHUNK
-    rows0 = _rows0(rows64)
-    acc = tl.zeros([rows64.shape[0], CHUNK], dtype=tl.float32)
-    for c in tl.static_range(C):
-        cols = k0 + c * CHUNK + tl.arange(0, CHUNK)
-        ptrs = w + rows64[:, None] * K + cols[None, :]
-        xs = x_ptr + (cols[None, :] + rows0)  # the tile's own layout, a zero stride over the rows (see _rows0)
-        if EVEN_K:
-            wt = tl.load(ptrs, mask=mask_n[:, None], other=0.0)
-            xv = tl.load(xs).to(tl.float32)
-        else:
-            mask_k = cols < K
-            wt = tl.load(ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            xv = tl.load(xs, mask=mask_k[None, :] & (rows0 == 0), other=0.0).to(tl.float32)
-        acc += wt.to(tl.float32) * xv
-    return tl.sum(acc, axis=1)
-
-
-@triton.jit
-def fp8_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-               CHUNK: tl.constexpr):
-    """sum over K block k0 of e4m3(W[rows]) * 2^-8 * x; w: the [N, K/4] int32 view of the codes (the bit path,
-    GPUs without the FP8 conversion). BLOCK_K / 4 / CHUNK steps of a [BLOCK_N, CHUNK] tile of words as in
-    dense_block."""
-    C: tl.constexpr = BLOCK_K // 4 // CHUNK
-    rows0 = _rows0(rows64)
-    acc = tl.zeros([rows64.shape[0], CHUNK], dtype=tl.float32)
-    for c in tl.static_range(C):
-        jx = k0 // 4 + c * CHUNK + tl.arange(0, CHUNK)
-        ptrs = w + rows64[:, None] * (K // 4) + jx[None, :]
-        xs = x_ptr + 4 * (jx[None, :] + rows0)
-        if EVEN_K:
-            words = tl.load(ptrs, mask=mask_n[:, None], other=0)
-            mask_x = rows0 == 0
-        else:
-            mask_x = (jx < K // 4)[None, :] & (rows0 == 0)
-            words = tl.load(ptrs, mask=mask_n[:, None] & mask_x, other=0)
-        even, odd = _e4m3_halves(words)
-        acc += _half_lo(even) * tl.load(xs, mask=mask_x, other=0.0).to(tl.float32)
-        acc += _half_lo(odd) * tl.load(xs + 1, mask=mask_x, other=0.0).to(tl.float32)
-        acc += _half_hi(even) * tl.load(xs + 2, mask=mask_x, other=0.0).to(tl.float32)
-        acc += _half_hi(odd) * tl.load(xs + 3, mask=mask_x, other=0.0).to(tl.float32)
-    return tl.sum(acc, axis=1)
-
-
-@triton.jit
-def nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 CHUNK: tl.constexpr, ASM: tl.constexpr = False):
-    """sum over K block k0 of e2m1(W[rows]) * 2^-14 * block scale * 2^-8 * x; w: the [N, K/16] int64 view of the
-    packed codes (one word per scale group), s: the [N, K/16] E4M3 block scale bytes. BLOCK_K / 16 / CHUNK steps
-    of a [BLOCK_N, CHUNK] tile of groups (CHUNK: 2 words, 16 B, a thread across warps_k warps), each thread
-    accumulating in fp32 (a group's 16 codes in one FMA chain, then one FMA with its scale), one reduction a row
-    at the end. ASM (CUDA only): the fp16 halves to fp32 through PTX (no repacking of 16-bit registers:
-    nvfp4_expert_rows.e2m1_pair), the same values."""
-    C: tl.constexpr = BLOCK_K // 16 // CHUNK
-    g = tl.arange(0, CHUNK)
-    rows0 = _rows0(rows64)
-    acc = tl.zeros([rows64.shape[0], CHUNK], dtype=tl.float32)
-    for c in tl.static_range(C):
-        grp = k0 // 16 + c * CHUNK + g
-        # The same groups, seen by the compiler as runs of 2 (an int64 pair is one 16 B load): the scale bytes then
-        # get the words' layout; as 16 B runs of bytes they would set a layout of 16 groups (256 x values) a thread.
-        grp2 = k0 // 16 + c * CHUNK + (g // 2) * 2 + g % 2
-        offs = rows64[:, None] * (K // 16) + grp[None, :]
-        offs2 = rows64[:, None] * (K // 16) + grp2[None, :]
-        xs = x_ptr + 16 * (grp[None, :] + rows0)  # the tile's own layout, a zero stride over the rows (_rows0)
-        if EVEN_K:
-            words = tl.load(w + offs, mask=mask_n[:, None], other=0)
-            scale = tl.load(s + offs2, mask=mask_n[:, None], other=0)
-            mask_x = rows0 == 0
-        else:
-            mask_g = (grp < K // 16)[None, :]
-            words = tl.load(w + offs, mask=mask_n[:, None] & mask_g, other=0)
-            scale = tl.load(s + offs2, mask=mask_n[:, None] & mask_g, other=0)
-            mask_x = mask_g & (rows0 == 0)
-        lo = words.to(tl.int32)  # codes 0-7 of the group
-        hi = (words >> 32).to(tl.int32)  # codes 8-15
-        part = tl.zeros(words.shape, dtype=tl.float32)
-        for p in tl.static_range(4):  # one FMA chain of 16 codes per group
-            for half in tl.static_range(2):
-                a, b = e2m1_pair(lo if half == 0 else hi, p, "asm" if ASM else "fp16")
-                part += a * tl.load(xs + 8 * half + p, mask=mask_x, other=0.0).to(tl.float32)
-                part += b * tl.load(xs + 8 * half + p + 4, mask=mask_x, other=0.0).to(tl.float32)
-        acc += part * _e4m3_scaled(scale.to(tl.int32))
-    return tl.sum(acc, axis=1)
-
-
-# ---- the earlier tiles (gemv_multi.CHAIN off): one [BLOCK_N, chunks, CHUNK] tile a K block, reduced across
-# threads at once, x loaded in a layout of its own and moved through shared memory. Kept for the paired A/B. ----
-
-@triton.jit
 def _e2m1_halves(word, P: tl.constexpr):
     """Nibbles P and P + 4 of an int32 (elements P, P + 4 of its 8 codes) -> an int32 of two fp16 = e2m1 * 2^-14:
     the sign from bit 4P+3 to 15, e e m from bits 4P+2..4P to 11-9 (e == 0: 0.5 * m as an fp16 subnormal)."""
@@ -164,7 +56,7 @@ def _e2m1_halves(word, P: tl.constexpr):
 
 
 @triton.jit
-def dense_block_tile3(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+def dense_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                  CHUNK: tl.constexpr):
     """sum over K block k0 of W[rows] * x for a plain [N, K] weight; tile [BLOCK_N, chunks, CHUNK] as in
     fp8_block."""
@@ -181,7 +73,7 @@ def dense_block_tile3(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl
 
 
 @triton.jit
-def fp8_block_tile3(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+def fp8_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                CHUNK: tl.constexpr):
     """sum over K block k0 of e4m3(W[rows]) * 2^-8 * x; w: the [N, K/4] int32 view of the codes. The block is
     a [BLOCK_N, chunks, CHUNK] tile of words (CHUNK: a warp's 16 B loads across a row), so that the compiler
@@ -204,7 +96,7 @@ def fp8_block_tile3(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.c
 
 
 @triton.jit
-def nvfp4_block_tile3(x_ptr, w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+def nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                  CHUNK: tl.constexpr):
     """sum over K block k0 of e2m1(W[rows]) * 2^-14 * block scale * 2^-8 * x; w: the [N, K/16] int64 view of the
     packed codes (one word per scale group), s: the [N, K/16] E4M3 block scale bytes. Tile [BLOCK_N, chunks,

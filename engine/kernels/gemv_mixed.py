@@ -33,8 +33,7 @@ def gemv_mixed_kernel(x_ptr, out_ptr, a0, a1, sa0, sa1, ga0, ga1, na0, na1, pa1,
                       FMT_A: tl.constexpr, PARTS_A: tl.constexpr, BLOCK_N_A: tl.constexpr, BLOCK_K_A: tl.constexpr,
                       CHUNK_A: tl.constexpr, FP8_CVT_A: tl.constexpr,
                       FMT_B: tl.constexpr, PARTS_B: tl.constexpr, BLOCK_N_B: tl.constexpr, BLOCK_K_B: tl.constexpr,
-                      CHUNK_B: tl.constexpr, FP8_CVT_B: tl.constexpr, USE_GDC: tl.constexpr = False,
-                      CHAIN: tl.constexpr = False, CHAIN4: tl.constexpr = False):
+                      CHUNK_B: tl.constexpr, FP8_CVT_B: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Programs 0 .. tiles_b - 1: the second format's tiles (outputs from row rows_a on); the rest the first's."""
     pid = tl.program_id(0)
     if pid < tiles_b:
@@ -44,14 +43,14 @@ def gemv_mixed_kernel(x_ptr, out_ptr, a0, a1, sa0, sa1, ga0, ga1, na0, na1, pa1,
                                                           BLOCK_N_B)
         gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
         gm._tile_product(x_ptr, out_ptr + rows_a, wb, sb, gb, rows_b, mask_b, out_b, K, FMT_B, BLOCK_N_B,
-                         BLOCK_K_B, CHUNK_B, OUT_BF16, FP8_CVT_B, False, CHAIN, CHAIN4)
+                         BLOCK_K_B, CHUNK_B, OUT_BF16, FP8_CVT_B)
     else:
         t = pid - tiles_b
         w, s, g, rows64, mask_n, out_rows = gm._tile_rows(t, a0, a1, a0, a0, sa0, sa1, sa0, sa0, ga0, ga1, ga0,
                                                           ga0, na0, na1, 0, 0, pa1, pa1, pa1, PARTS_A, BLOCK_N_A)
         gdc_prologue(USE_GDC)
         gm._tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT_A, BLOCK_N_A, BLOCK_K_A,
-                         CHUNK_A, OUT_BF16, FP8_CVT_A, False, CHAIN, CHAIN4)
+                         CHUNK_A, OUT_BF16, FP8_CVT_A)
 
 
 def _side(x: torch.Tensor, parts, fp8_cvt: bool):
@@ -91,5 +90,5 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
         CHUNK_A=gm.chunk_words(fmt_a, cfg_a, elem_a, fp8_cvt), FP8_CVT_A=fp8_cvt and fmt_a == gm.FP8,
         FMT_B=gm._FMT_ID[fmt_b], PARTS_B=len(ns_b), BLOCK_N_B=cfg_b.block_n, BLOCK_K_B=cfg_b.block_k,
         CHUNK_B=gm.chunk_words(fmt_b, cfg_b, elem_b, fp8_cvt), FP8_CVT_B=fp8_cvt and fmt_b == gm.FP8,
-        num_warps=cfg_a.num_warps, num_stages=cfg_a.num_stages, **gm.chain_keywords(), **pdl_launch(x.device))
+        num_warps=cfg_a.num_warps, num_stages=cfg_a.num_stages, **pdl_launch(x.device))
     return out

@@ -13,7 +13,9 @@ fp16 bit patterns, two codes (the two halves of an int32) per shift-and-mask: E4
 factor, E2M1 -> fp16 with 2^-14, subnormals included, and the fp16 -> fp32 conversion is one full-rate op; the
 power-of-two factors are undone once per row with the scale. The house helpers `_e4m3` / `_e2m1` spend an exp2
 (a special-function unit op, 16/clk/SM) per code, which alone would cap an H200 below its HBM rate (4.8e12 FP8
-or 9.6e12 NVFP4 codes/s); `_e4m3_exact` costs ~15 integer ops per block scale. The tiles: gemv_codes.py.
+or 9.6e12 NVFP4 codes/s); `_e4m3_exact` costs ~15 integer ops per block scale. The tile is [BLOCK_N, chunks,
+CHUNK] so that the compiler puts a row's chunks in one thread and the warps across rows (a row is reduced
+within a warp, x stays in registers for all the thread's rows); the dense path is the same without decoding.
 
 Deterministic: each row is reduced by one program in a fixed order set by the launch config (a pure function of
 format, total rows and K: `choose_config`), no atomics, no split-K, no host syncs (graph-capturable). Two A/B
@@ -29,8 +31,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .gemv_codes import (dense_block, dense_block_tile3, fp8_block, fp8_block_tile3, nvfp4_block, nvfp4_block_tile3,
-                         prefetch_rows)
+from .gemv_codes import dense_block, fp8_block, nvfp4_block, prefetch_rows
 from .fp8_scaled_mm import fp8_tensor_cores
 from .launch import gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_fp8, dequant_nvfp4
@@ -84,27 +85,18 @@ def _prefetch_tile(t, tiles, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0,
 @triton.jit
 def _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K: tl.constexpr, FMT: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
-                  FP8_CVT: tl.constexpr, ASM: tl.constexpr = False, CHAIN: tl.constexpr = False,
-                  CHAIN4: tl.constexpr = False):
+                  FP8_CVT: tl.constexpr):
     """One tile: BLOCK_N rows of one part times x, stored at out_rows. FP8_CVT: the FP8 codes as float8e4nv
-    elements, converted by the hardware (sm_89+: two codes an instruction, exact) in the dense path's tile.
-    CHAIN / CHAIN4: the dense and FP8 / the NVFP4 tiles as K steps with in-thread sums (gemv_codes), else the
-    earlier 3-D tiles (the module switches CHAIN, CHAIN_NVFP4)."""
+    elements, converted by the hardware (sm_89+: two codes an instruction, exact) in the dense path's tile."""
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):  # one block where K <= BLOCK_K; unrolled otherwise (K/BLOCK_K small)
-        if (FMT == 0 or (FMT == 1 and FP8_CVT)) and CHAIN:
+        if FMT == 0 or (FMT == 1 and FP8_CVT):
             acc += dense_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
-        elif FMT == 0 or (FMT == 1 and FP8_CVT):
-            acc += dense_block_tile3(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
-        elif FMT == 1 and CHAIN:
-            acc += fp8_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
         elif FMT == 1:
-            acc += fp8_block_tile3(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
-        elif CHAIN4:
-            acc += nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, ASM)
+            acc += fp8_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
         else:
-            acc += nvfp4_block_tile3(x_ptr, w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
+            acc += nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
     if FMT == 1 and FP8_CVT:
         acc = acc * tl.load(s).to(tl.float32)
     elif FMT == 1:
@@ -119,8 +111,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
                       tiles, K: tl.constexpr, FMT: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
                       USE_GDC: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                      PERSISTENT: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0, FP8_CVT: tl.constexpr = False,
-                      ASM: tl.constexpr = False, CHAIN: tl.constexpr = False, CHAIN4: tl.constexpr = False):
+                      PERSISTENT: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0, FP8_CVT: tl.constexpr = False):
     """Tile t (BLOCK_N rows of one part, `_tile_part`) of `tiles`. One program a tile, or PERSISTENT: the grid's
     programs take the tiles pid, pid + grid, ... in turn, and ask L2 for the rows of the tile L2_AHEAD turns
     ahead before each tile's loads, so that an SM's loads stream while it decodes and sums (the programs of one
@@ -141,7 +132,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
             w, s, g, rows64, mask_n, out_rows = _tile_rows(t, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
                                                            n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
             _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                          OUT_BF16, FP8_CVT, ASM, CHAIN, CHAIN4)
+                          OUT_BF16, FP8_CVT)
     else:
         w, s, g, rows64, mask_n, out_rows = _tile_rows(pid, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
                                                        n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
@@ -150,7 +141,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
         prefetch_rows(w, s, rows64, mask_n, K, FMT, USE_GDC and PREFETCH)
         gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
         _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                      OUT_BF16, FP8_CVT, ASM, CHAIN, CHAIN4)
+                      OUT_BF16, FP8_CVT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,12 +169,6 @@ L2_AHEAD = 2
 # sums in another order. On: the resident 16K step 2.668 -> 2.455 ms, median of 5 interleaved rounds, every
 # round faster (docs/RESULTS.md, session 9 call 1). GPUs before sm_89 keep the bit path.
 FP8_CVT = True
-# The tiles as K steps of [BLOCK_N, CHUNK] with each thread's products summed in registers across the steps and
-# one reduction a row at the end, x loaded in the tile's own layout (gemv_codes.py): about half the SASS
-# instructions a code of the 3-D tiles (in_proj 10.2 -> 4.9, out_proj 6.9 -> 4.6; the NVFP4 lm_head 6.9 -> 5.6 with
-# the PTX decode), other orders of sums. Off until the paired GPU A/B (profile_decode arms "chain", "chain4").
-CHAIN = False  # dense and FP8 weights
-CHAIN_NVFP4 = False  # NVFP4 weights (its x values come as 16 stride-16 loads a group: the A/B says whether that pays)
 REGS_PER_THREAD = 128  # what the configs' sm_90 code uses at most (scripts/sass_gemv_multi.py): 2 x 8 warps an SM
 TARGET_PROGRAMS = 512  # ~4 per SM of an H200, so the last wave is a small part of the launch
 MAX_TILE_BYTES = 32 * 1024  # weight bytes per program and K block: <= 128 B (8 x 16 B loads) a thread at 8 warps
@@ -224,11 +209,6 @@ def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2) -> GemvCo
     while warps < min(8, block_n * warps_k) and 2 * warps * 32 * BYTES_PER_THREAD <= block_n * tile_row:
         warps *= 2
     return GemvConfig(block_n, block_k, warps, warps_k)
-
-
-def chain_keywords() -> dict:
-    """The launch constants of the CHAIN switches, for every kernel built on _tile_product."""
-    return dict(CHAIN=CHAIN, CHAIN4=CHAIN_NVFP4)
 
 
 def persistent_config(cfg: GemvConfig, device: torch.device) -> GemvConfig:
@@ -342,8 +322,7 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
         x.reshape(-1).contiguous(), exact_out(out), *ws, *ss, *gs, *(ns + [0] * pad), *starts, sum(tiles),
         K=k, FMT=_FMT_ID[fmt], PARTS=len(args), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         CHUNK=chunk_words(fmt, cfg, elem, fp8_cvt), PREFETCH=WEIGHT_PREFETCH, PERSISTENT=persistent,
-        FP8_CVT=fp8_cvt and fmt == FP8, ASM=fmt == NVFP4 and x.is_cuda,  # (no inline PTX in the interpreter)
-        **chain_keywords(),
+        FP8_CVT=fp8_cvt and fmt == FP8,
         L2_AHEAD=cfg.l2_ahead if persistent else 0,
         OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_launch(x.device))

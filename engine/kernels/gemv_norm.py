@@ -32,8 +32,7 @@ FUSED = False
 def gemv_norm_kernel(a_ptr, proj_out_ptr, proj_ptr, w0, s0, g0, n0, tiles, counter_ptr, x_ptr, norm_w_ptr,
                      new_x_ptr, norm_ptr, eps, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, FP8_CVT: tl.constexpr, ROUND: tl.constexpr,
-                     BLOCK_H: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr = False,
-                     CHAIN: tl.constexpr = False, CHAIN4: tl.constexpr = False):
+                     BLOCK_H: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Tile pid of the projection (gemv_multi_kernel's tile, one part), then add_rms_norm's row in the last
     program to arrive. proj_out_ptr: the projection as _store_exact writes it (bf16 as int16 bits); proj_ptr:
     the same bytes in their own dtype, as the norm reads them."""
@@ -42,7 +41,7 @@ def gemv_norm_kernel(a_ptr, proj_out_ptr, proj_ptr, w0, s0, g0, n0, tiles, count
                                                       n0, 0, 0, 0, tiles, tiles, tiles, 1, BLOCK_N)
     gdc_prologue(USE_GDC)  # PDL: the activation and the residual are read only after this
     gm._tile_product(a_ptr, proj_out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                     ROUND == 1, FP8_CVT, False, CHAIN, CHAIN4)
+                     ROUND == 1, FP8_CVT)
     if last_to_arrive(counter_ptr, tiles, FENCE):
         _add_rms_norm_row(x_ptr, proj_ptr, norm_w_ptr, new_x_ptr, norm_ptr, 0, n0, 0, 0, 0, 0, eps, 0, True,
                           ROUND, BLOCK_H, 0)
@@ -78,5 +77,5 @@ def gemv_add_rms_norm(a: torch.Tensor, weight, x: torch.Tensor, norm_w: torch.Te
         exact_out(new_x), exact_out(normed), eps, K=k, FMT=gm._FMT_ID[fmt], BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, CHUNK=gm.chunk_words(fmt, cfg, elem, fp8_cvt), FP8_CVT=fp8_cvt and fmt == gm.FP8,
         ROUND=round_code(x.dtype), BLOCK_H=triton.next_power_of_2(n), FENCE=a.device.type == "cuda",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **gm.chain_keywords(), **pdl_launch(a.device))
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(a.device))
     return new_x, normed

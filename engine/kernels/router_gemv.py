@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .decode_norm import round_code
 from .decode_router import _route_tail
-from .gemv_multi import DENSE, _tile_product, _tile_rows, chain_keywords, chunk_words, launch_config
+from .gemv_multi import DENSE, _tile_product, _tile_rows, chunk_words, launch_config
 from .launch import gdc_prologue, last_to_arrive, pdl_launch
 from .nvfp4_triton import exact_out
 
@@ -32,8 +32,7 @@ def router_topk_kernel(x_ptr, logits_out_ptr, logits_ptr, w0, w1, n0, n1, p1, ti
                        ids_ptr, shared_ptr,
                        K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
                        LOGITS_BF16: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                       WEIGHTS_BF16: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr = False,
-                       CHAIN: tl.constexpr = False):
+                       WEIGHTS_BF16: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Tile pid of the [n0 router | n1 shared gate] rows (gemv_multi_kernel's dense tile, PARTS 2), then the
     tail in the last program to arrive. logits_out_ptr: the logits as _store_exact writes them (bf16 as int16
     bits); logits_ptr: the same bytes in their own dtype, as the tail reads them."""
@@ -42,7 +41,7 @@ def router_topk_kernel(x_ptr, logits_out_ptr, logits_ptr, w0, w1, n0, n1, p1, ti
                                                    n0, n1, 0, 0, p1, tiles, tiles, 2, BLOCK_N)
     gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
     _tile_product(x_ptr, logits_out_ptr, w, s, g, rows64, mask_n, out_rows, K, 0, BLOCK_N, BLOCK_K, CHUNK,
-                  LOGITS_BF16, False, False, CHAIN)
+                  LOGITS_BF16, False)
     if last_to_arrive(counter_ptr, tiles, FENCE):
         _route_tail(logits_ptr, weights_ptr, ids_ptr, shared_ptr, n0, TOP_K, BLOCK_E, WEIGHTS_BF16)
 
@@ -81,5 +80,5 @@ def router_topk(h: torch.Tensor, router_w: torch.Tensor, shared_gate: torch.Tens
         CHUNK=chunk_words(DENSE, cfg, h.element_size()), LOGITS_BF16=h.dtype == torch.bfloat16, TOP_K=top_k,
         BLOCK_E=triton.next_power_of_2(e), WEIGHTS_BF16=weights_dtype == torch.bfloat16,
         FENCE=h.device.type == "cuda", num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        CHAIN=chain_keywords()["CHAIN"], **pdl_launch(h.device))
+        **pdl_launch(h.device))
     return weights, ids, shared
