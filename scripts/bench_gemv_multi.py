@@ -19,6 +19,7 @@ runs), median of --repeat replays, divided by --calls. The per-step totals multi
     python scripts/bench_gemv_multi.py --grid none        # old vs new only
     python scripts/bench_gemv_multi.py --grid persistent  # the persistent kernel's configs (gemv_multi.PERSISTENT)
     python scripts/bench_gemv_multi.py --fp8-cvt          # FP8 through the hardware conversion (gemv_multi.FP8_CVT)
+    python scripts/bench_gemv_multi.py --fp8-cvt --grid none --hot   # the weights L2-resident: an upper bound
     TRITON_INTERPRET=1 python scripts/bench_gemv_multi.py --device cpu    # smoke run, tiny shapes (~5 s)
 """
 from __future__ import annotations
@@ -153,6 +154,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--calls", type=int, default=32, help="calls per timed CUDA graph (CPU: one per copy)")
     ap.add_argument("--only", default="", help="substring of the group names to run")
+    ap.add_argument("--hot", action="store_true",
+                    help="every call over the same weights, so they stay in L2 (what a prefetch of a layer's weights "
+                         "into L2 ahead of its GEMV could give at best); default: copies that spill L2")
     ap.add_argument("--fp8-cvt", action="store_true", help="FP8 codes through the hardware conversion (gm.FP8_CVT)")
     args = ap.parse_args()
     gm.FP8_CVT = args.fp8_cvt
@@ -168,7 +172,7 @@ def main() -> None:
             continue
         gen_parts = [random_part(fmt, n, k, dev) for n, k in shapes]
         size = nbytes(gen_parts)
-        copies = max(1, min(1024, -(-L2_SPILL // size))) if cuda else 1
+        copies = max(1, min(1024, -(-L2_SPILL // size))) if cuda and not args.hot else 1
         banks = [gen_parts] + [[random_part(fmt, n, k, dev) for n, k in shapes] for _ in range(copies - 1)]
         k = shapes[0][1]
         x = torch.randn(1, k, device=dev).to(torch.bfloat16)
