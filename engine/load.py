@@ -141,13 +141,6 @@ def _nvfp4_rows(reader: "_Reader", plan: dict) -> torch.Tensor:
                         for g, u, d in zip(plan["gate_proj"], plan["up_proj"], plan["down_proj"])])
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """t, or a copy of it starting on a 16-byte boundary: the decode kernels read NVFP4 codes as int64 words
-    (kernels/gemv_multi, nvfp4_experts_groups), and a CPU tensor straight from a safetensors file may start at
-    any byte of it (a device copy always starts aligned)."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 class _Reader:
     """Opens each shard once and hands out tensors; data are read lazily per tensor."""
 
@@ -219,7 +212,7 @@ def load_weights(
             progress(done, total)
     for name, (fmt, group) in quantized.items():
         if native_linears:
-            out[name] = QuantLinear(fmt, {k: _aligned(reader.get(e).to(device)) for k, e in group.items()}, dtype,
+            out[name] = QuantLinear(fmt, {k: reader.get(e).to(device) for k, e in group.items()}, dtype,
                                     use_kernels=linear_kernels, fp8_scaled_mm=fp8_scaled_mm)
         else:  # dequantized once at load (the CPU reference path)
             out[name] = _dequant(reader, group, fmt, dtype).to(device)

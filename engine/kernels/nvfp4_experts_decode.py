@@ -201,10 +201,10 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
-    if out is None:
-        out = torch.empty(n, inter, device=x.device, dtype=torch.float32)
     if block_n is None:  # 2 on a GPU; in Triton's interpreter (tests) whole experts, its time going by programs
         block_n = 2 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
+    if out is None:
+        out = torch.empty(n, inter, device=x.device, dtype=torch.float32)
     gate = up = (words, rows, out)  # unused stand-ins of the right pointer types
     if extra is not None:
         gate, up = _matrix(*extra[:3]), _matrix(*extra[3:])
