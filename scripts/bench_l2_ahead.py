@@ -78,8 +78,10 @@ def main() -> int:
         expert_down_parts(act, p["weights"], p["ids"], rows, H, I, extra=p["down"], extra_scale=p["scale"])
         gemv_multi(x, ip, out_dtype=dt)
 
+    from qwenlocal.engine.offload.overlap import dedicated_stream
+    side = dedicated_stream(dev) if cuda else None  # never a pooled stream: it could alias the capture stream
+
     def run(arm: str):
-        side = torch.cuda.Stream() if cuda else None
         if arm.startswith("ahead/"):
             _, mode, programs = arm.split("/")
             fork = torch.cuda.current_stream() if cuda else None

@@ -37,6 +37,7 @@ from qwenlocal.engine.kernels import (attention_decode, gdn_decode, gemv_mixed, 
                                       nvfp4_experts_decode, nvfp4_experts_mma, parts_norm, router_gemv,
                                       router_norm)
 from qwenlocal.engine.bench.measure import device_gbps
+from qwenlocal.engine.model import decode_fused
 from qwenlocal.engine.roofline import model_step_bytes
 
 
@@ -132,7 +133,10 @@ def set_switches(arm_name: str) -> str:
     """Set the kernel switches named after the arm's "/" ("name" on, "no-name" off, the rest at their defaults);
     the decode_kernels value."""
     base, _, extra = arm_name.partition("/")
-    wanted = {n.removeprefix("no-"): not n.startswith("no-") for n in extra.split("+") if n}
+    names = [n for n in extra.split("+") if n]
+    # drop-X: a diagnostic ceiling (decode_fused.DROP: the launch left out, the bytes wrong)
+    decode_fused.DROP = frozenset(n.removeprefix("drop-") for n in names if n.startswith("drop-"))
+    wanted = {n.removeprefix("no-"): not n.startswith("no-") for n in names if not n.startswith("drop-")}
     unknown = [n for n in wanted if n not in SWITCHES]
     if unknown:
         raise SystemExit(f"unknown arm switch {unknown[0]!r} in {arm_name!r} (known: {', '.join(SWITCHES)}, "

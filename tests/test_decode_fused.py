@@ -172,3 +172,17 @@ def test_the_tensor_core_expert_gate_up_in_the_step_matches_the_unfused_step(qua
     assert (serial.argmax(-1) == ref.argmax(-1)).all()
     assert decode_fused.nvfp4_experts_mma is nvfp4_experts_mma
 
+
+
+@pytest.mark.parametrize("what", ["route", "prenorm"])
+def test_a_dropped_launch_of_the_profile_ceilings_changes_the_step(quantized_ckpt, monkeypatch, what):
+    """decode_fused.DROP (scripts/profile_decode.py's drop-X arms, a ceiling of what removing a launch gives):
+    the step still runs, and its logits change (the launch really is left out)."""
+    from qwenlocal.engine.model import decode_fused
+
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(6))
+    full = _engine(quantized_ckpt, True).score(ids, prefill=24)
+    monkeypatch.setattr(decode_fused, "DROP", frozenset({what}))
+    dropped = _engine(quantized_ckpt, True).score(ids, prefill=24)
+    assert torch.isfinite(dropped).all() and torch.equal(full[:24], dropped[:24])
+    assert not torch.equal(full[24:], dropped[24:])

@@ -53,6 +53,28 @@ if TYPE_CHECKING:
     from .qwen3_5_moe import Qwen35MoeModel
 
 
+# Diagnostics only (scripts/profile_decode.py arms "drop-route", "drop-prenorm"): launches left out of the step to
+# measure what removing them could give at most (the router's top-k tail; the pre-mixer add + RMSNorm). The
+# step's bytes are then wrong; the engine never sets it.
+DROP: frozenset = frozenset()
+
+
+def _fixed(owner, name: str, make):
+    """A stand-in tensor for a dropped launch's output, made on the first (eager) call, never inside a capture."""
+    t = getattr(owner, name, None)
+    if t is None:
+        t = make()
+        setattr(owner, name, t)
+    return t
+
+
+def _dropped_route(moe: "SparseMoE", h: torch.Tensor):
+    k, dev = moe.top_k, h.device
+    return (_fixed(moe, "drop_weights", lambda: torch.full((1, k), 1.0 / k, device=dev, dtype=h.dtype)),
+            _fixed(moe, "drop_ids", lambda: torch.arange(k, device=dev).reshape(1, k)),
+            _fixed(moe, "drop_scale", lambda: torch.full((1,), 0.5, device=dev)))
+
+
 def _format(weight) -> str:
     return weight.fmt if isinstance(weight, QuantLinear) else "dense"
 
@@ -139,6 +161,9 @@ def _nvfp4_shared(moe: "SparseMoE") -> bool:
 def _route(moe: "SparseMoE", h: torch.Tensor):
     """(weights, ids, shared_scale) of this token: the router + shared-expert gate in one GEMV, then the tail."""
     gates = [moe.router_w, moe.shared_gate]
+    if "route" in DROP:
+        gemv_multi(h, gates)
+        return _dropped_route(moe, h)
     plain = all(_format(g) == "dense" and g.dtype == h.dtype for g in gates)
     if router_gemv.FUSED and plain:  # one launch: the tail in the GEMV's last program (the same bytes)
         return router_gemv.router_topk(h, *gates, moe.top_k, h.dtype, _counters(moe, "route_counter", h.device))
@@ -169,6 +194,8 @@ def _route_with_norm(moe: "SparseMoE", pending: tuple):
     """(weights, ids, shared_scale, new_x, normed): pending = (x, mixer delta, post_norm, eps) normed by the
     router's programs, then route_topk's tail on their logits."""
     new_x, h, router_logits = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate)
+    if "route" in DROP:
+        return (*_dropped_route(moe, h), new_x, h)
     weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
     return weights, ids, shared_scale, new_x, h
 
@@ -268,7 +295,10 @@ def _forward(model, ids, positions, state, start):
         for layer in layers:
             layer.moe.mma_ok = nvfp4_experts_mma.fp16_safe_norm(layer.post_norm, layer.moe.hidden)
     for i, layer in enumerate(layers):
-        x, h = add_rms_norm(x, delta, layer.input_norm, eps) if normed is None else (x, normed)
+        if "prenorm" in DROP and i > 0:
+            h = _fixed(layer, "drop_h", lambda: x.clone())
+        else:
+            x, h = add_rms_norm(x, delta, layer.input_norm, eps) if normed is None else (x, normed)
         if layer.is_attention:
             act, proj = attention_decode(layer.mixer, h, positions, state, start), layer.mixer.o_proj
         else:
