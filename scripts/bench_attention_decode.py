@@ -5,9 +5,12 @@ the fa2 prefill kernel for one query), timed (a benchmark, not a test). Prints a
 
 Each row: microseconds per call (a CUDA graph of --inner calls, each on its own KV cache so that the 50 MB L2
 does not hold the pages between calls; median over --repeat replays), the KV bytes one call must read, GB/s,
-and the max difference to the CUDA-core output (0 means byte-equal).
+and the max difference to the CUDA-core output (0 means byte-equal). --triton: also the engine's Triton split-KV
+kernel (kernels/attention_decode.py) at its default launch config and at --configs (splits/stages/block_t/warps),
+over contiguous KV rows, its difference taken to the fp32 reference.
 
     python scripts/bench_attention_decode.py [--lengths 16384,120000]
+    python scripts/bench_attention_decode.py --triton --no-flashinfer
 """
 from __future__ import annotations
 
@@ -36,6 +39,10 @@ def main() -> None:
     ap.add_argument("--lengths", default="16384,120000")
     ap.add_argument("--inner", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--triton", action="store_true", help="also the engine's Triton kernel over its configs")
+    ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--configs", default="64/3/64/4,128/2/64/4,128/3/32/4,256/2/32/4,256/3/32/4,128/2/64/8,"
+                                         "64/2/64/8,128/3/64/4,256/2/64/4,512/2/32/4")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"{'kv_len':>7} {'kernel':12} {'us/call':>8} {'MB':>7} {'GB/s':>7} {'max diff':>9}")
@@ -47,7 +54,9 @@ def main() -> None:
         q = torch.randn(1, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16)
         mb = 2 * kv_len * KV_HEADS * HEAD_DIM * 2 / 1e6
         baseline = None
-        for name, tc in (("cuda-core", False), ("tensor-core", True)):
+        if args.triton:
+            triton_rows(kv_len, args, gen)
+        for name, tc in (() if args.no_flashinfer else (("cuda-core", False), ("tensor-core", True))):
             w = wrapper(flashinfer, pages, tc)
             w.plan(torch.tensor([0, pages], dtype=torch.int32), torch.arange(pages, dtype=torch.int32),
                    torch.tensor([kv_len - (pages - 1) * PAGE], dtype=torch.int32), HEADS, KV_HEADS, HEAD_DIM,
@@ -72,6 +81,55 @@ def main() -> None:
             diff = 0.0 if baseline is None else (out - baseline).abs().max().item()
             baseline = out if baseline is None else baseline
             print(f"{kv_len:>7} {name:12} {us:8.1f} {mb:7.1f} {mb * 1e-3 / (us * 1e-6):7.0f} {diff:9.2e}")
+
+
+def graph_us(calls, inner: int, repeat: int) -> float:
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        for fn in calls:
+            fn()
+    times = []
+    for _ in range(repeat):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / inner)
+    return statistics.median(times)
+
+
+def triton_rows(kv_len: int, args, gen) -> None:
+    """The engine's Triton decode attention (PDL off: one kernel alone) at each config, its KV as rows."""
+    from qwenlocal.engine.kernels.attention_decode import decode_attention, decode_attention_reference
+    from qwenlocal.engine.kernels.launch import new_counter
+
+    caches = [(torch.randn(kv_len, KV_HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16),
+               torch.randn(kv_len, KV_HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16))
+              for _ in range(args.inner)]
+    q = torch.randn(1, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16)
+    pos = torch.tensor([kv_len - 1], device="cuda")
+    ref = decode_attention_reference(q, *caches[0], kv_len - 1)
+    mb = 2 * kv_len * KV_HEADS * HEAD_DIM * 2 / 1e6
+    for cfg in args.configs.split(","):
+        splits, stages, block_t, warps = (int(v) for v in cfg.split("/"))
+        counters = new_counter(q.device, KV_HEADS * (splits // 8 + 1))
+        kw = dict(splits=splits, group=8, block_t=block_t, num_warps=warps, num_stages=stages)
+        try:
+            out = decode_attention(q, *caches[0], pos, counters, **kw)
+            us = graph_us([lambda c=c: decode_attention(q, *c, pos, counters, **kw) for c in caches], args.inner,
+                          args.repeat)
+        except Exception as exc:  # a config that does not fit (shared memory): say so
+            print(f"{kv_len:>7} triton {cfg}: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}")
+            continue
+        diff = (out.float() - ref).abs().max().item()
+        print(f"{kv_len:>7} {'triton ' + cfg:18} {us:8.1f} {mb:7.1f} {mb * 1e-3 / (us * 1e-6):7.0f} {diff:9.2e}",
+              flush=True)
 
 
 if __name__ == "__main__":
