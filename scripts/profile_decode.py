@@ -123,7 +123,8 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "router": (router_gemv, "FUSED"), "gemvnorm": (gemv_norm, "FUSED"),
             "partsnorm": (parts_norm, "FUSED"), "gdntail": (gdn_decode, "NORM_SHIFT_TAIL"),
             "mixed": (gemv_mixed, "MIXED"), "attn": (attention_decode, "TRITON"),
-            "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED")}
+            "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
+            "routeup": (nvfp4_experts_decode, "ROUTE_IN_GATE_UP")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

@@ -12,6 +12,9 @@ order are those of torch.topk on the probabilities wherever those are distinct, 
 cannot reorder two near-equal experts. Ties (equal logits, common with bf16 logits): the lower expert id
 first; torch.topk does not specify its order among equal values, so where a tie straddles rank k the chosen
 expert may differ from torch's. Logits must be finite (a -inf logit could be chosen twice).
+16-bit logits (the engine's bf16 / fp16 router) go through route_keys.route_weights instead: the same experts in
+the same order, the weights as e_r / sum of the top-k's e in rank order (an ulp from the fp32 path's at most),
+the bytes expert_gate_up's programs compute when they route themselves (nvfp4_experts_decode route=).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import triton.language as tl
 from .launch import gdc_prologue, pdl_launch
 from .decode_norm import round_code
 from .nvfp4_triton import _store_exact, exact_out
+from .route_keys import MAX_EXPERTS, store_route
 
 
 @triton.jit
@@ -49,9 +53,13 @@ def _route_tail(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K: tl.const
 
 @triton.jit
 def route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K: tl.constexpr,
-                      BLOCK_E: tl.constexpr, OUT_BF16: tl.constexpr, USE_GDC: tl.constexpr = False):
+                      BLOCK_E: tl.constexpr, OUT_BF16: tl.constexpr, KEYS: tl.constexpr, KP: tl.constexpr,
+                      F16: tl.constexpr, USE_GDC: tl.constexpr = False):
     gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
-    _route_tail(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K, BLOCK_E, OUT_BF16)
+    if KEYS:
+        store_route(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K, KP, BLOCK_E, F16, OUT_BF16)
+    else:
+        _route_tail(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K, BLOCK_E, OUT_BF16)
 
 
 def route_topk(logits: torch.Tensor, num_experts: int, top_k: int, weights_dtype: torch.dtype,
@@ -74,8 +82,12 @@ def route_topk(logits: torch.Tensor, num_experts: int, top_k: int, weights_dtype
     if weights.dtype != weights_dtype or weights.numel() != top_k or ids.numel() != top_k or shared.numel() != 1:
         raise ValueError("out must be (weights [1, k] in weights_dtype, ids [1, k] int64, shared_scale [1] fp32)")
     round_code(weights_dtype)
+    keys = flat.dtype in (torch.bfloat16, torch.float16)
+    if keys and num_experts > MAX_EXPERTS:
+        raise ValueError(f"route_topk packs expert ids in 16 bits: {num_experts} experts > {MAX_EXPERTS}")
     route_topk_kernel[(1,)](flat, exact_out(weights), ids, shared, num_experts, TOP_K=top_k,
                             BLOCK_E=triton.next_power_of_2(num_experts), OUT_BF16=weights_dtype == torch.bfloat16,
+                            KEYS=keys, KP=triton.next_power_of_2(top_k), F16=flat.dtype == torch.float16,
                             num_warps=num_warps, **pdl_launch(logits.device))
     return weights, ids, shared
 

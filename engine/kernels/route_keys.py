@@ -1,0 +1,92 @@
+"""The router's top-k over 16-bit logits as packed integer keys, cheap enough for every program of a launch.
+
+Why: route_topk was a one-program launch of its own between the router GEMV and the experts' gate/up; leaving it
+out made the resident 16K step 0.938x (docs/RESULTS.md session 15, the drop-route ceiling). expert_gate_up's
+programs can find their expert themselves (route= there): each needs the id of one rank, j, of the top-k.
+A key per expert packs its logit's 16 bits, made monotone as a signed integer, above 16 bits of (0xFFFF - id):
+one integer max finds the largest logit and, among equal ones, the lowest id (route_topk's order; torch.topk's
+where the logits are distinct). Rank j is the max after j rounds of (max, remove it): no sort, no index
+reduction beside the value's.
+The weights (route_weights): e_r = exp(l_r - l_0) added in rank order as scalars, then e_r / sum (softmax's
+denominator cancels in the renormalisation). Scalar and elementwise arithmetic only, and integer maxima, so any
+kernel at any warps gets the same bytes: route_topk (one program) and expert_gate_up's programs agree byte for
+byte (tests/test_kernels_route_keys.py). Logits must be finite, bf16 or fp16.
+Reference: route_topk_reference (decode_router.py).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .nvfp4_triton import _store_exact
+
+NONE = tl.constexpr(-2147483648)  # below every key of a finite logit (a key's low half is >= 1: ids < 0xFFFF)
+MAX_EXPERTS = 0xFFFF
+
+
+@triton.jit
+def _keys(logits_ptr, E, BLOCK_E: tl.constexpr):
+    """[BLOCK_E] int32 keys: monotone(logit) * 2^16 + (0xFFFF - id); NONE past E. -0.0 and +0.0 are one value."""
+    ids = tl.arange(0, BLOCK_E)
+    valid = ids < E
+    bits = tl.load(logits_ptr + ids, mask=valid, other=0.0).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    mono = tl.where(bits >= 0x8000, 0x8000 - bits, bits)  # negative values: the larger the bits, the smaller
+    return tl.where(valid, mono * 65536 + (0xFFFF - ids), NONE)
+
+
+@triton.jit
+def _value(key, F16: tl.constexpr):
+    """A key's logit as fp32 (exact)."""
+    mono = key >> 16
+    bits = tl.where(mono < 0, 0x8000 - mono, mono).to(tl.int16)
+    if F16:
+        return bits.to(tl.float16, bitcast=True).to(tl.float32)
+    return bits.to(tl.bfloat16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _id(key):
+    return 0xFFFF - (key & 0xFFFF)
+
+
+@triton.jit
+def route_rank_key(logits_ptr, E, j, BLOCK_E: tl.constexpr):
+    """The key of rank j (a runtime index, 0-based) of logits[0..E-1]: j rounds of removing the max, then the max.
+    _id(key) is the expert."""
+    keys = _keys(logits_ptr, E, BLOCK_E)
+    for _ in range(j):
+        keys = tl.where(keys == tl.max(keys, axis=0), NONE, keys)
+    return tl.max(keys, axis=0)
+
+
+@triton.jit
+def route_weights(logits_ptr, E, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
+                  F16: tl.constexpr):
+    """(ids [KP] int32, weights [KP] fp32) of ranks 0..TOP_K-1 (entries past TOP_K: 0): the renormalised top-k."""
+    keys = _keys(logits_ptr, E, BLOCK_E)
+    rank = tl.arange(0, KP)
+    ids = tl.zeros([KP], tl.int32)
+    e = tl.zeros([KP], tl.float32)
+    top = tl.max(keys, axis=0)
+    l0 = _value(top, F16)
+    total = l0 * 0.0
+    for r in tl.static_range(TOP_K):
+        best = tl.max(keys, axis=0)
+        keys = tl.where(keys == best, NONE, keys)
+        er = tl.exp(_value(best, F16) - l0)
+        total += er  # in rank order: the same sum in every kernel
+        ids = tl.where(rank == r, _id(best), ids)
+        e = tl.where(rank == r, er, e)
+    return ids, e / total
+
+
+@triton.jit
+def store_route(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K: tl.constexpr, KP: tl.constexpr,
+                BLOCK_E: tl.constexpr, F16: tl.constexpr, OUT_BF16: tl.constexpr):
+    """route_weights' top-k of 16-bit logits stored as route_topk's outputs, and the shared gate's sigmoid."""
+    ids, weights = route_weights(logits_ptr, E, TOP_K, KP, BLOCK_E, F16)
+    rank = tl.arange(0, KP)
+    _store_exact(weights_ptr + rank, weights, rank < TOP_K, OUT_BF16)
+    tl.store(ids_ptr + rank, ids.to(tl.int64), mask=rank < TOP_K)
+    gate = tl.load(logits_ptr + E).to(tl.float32)
+    tl.store(shared_ptr, 1.0 / (1.0 + tl.exp(-gate)))
