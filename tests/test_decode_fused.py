@@ -22,10 +22,9 @@ def quantized_ckpt(tiny_ckpt, tmp_path_factory):
     return quantize_checkpoint(tiny_ckpt, tmp_path_factory.mktemp("fused-decode"))
 
 
-def _engine(ckpt, fused: bool, split: str = "off", dtype=None, **opts):
-    eng = Engine.from_pretrained(ckpt, device="cpu", dtype=dtype,
-                                 options={"prefill_chunk": CHUNK, "expert_format": "nvfp4", "linear_format": "native",
-                                          **opts})
+def _engine(ckpt, fused: bool, split: str = "off", **opts):
+    eng = Engine.from_pretrained(ckpt, device="cpu", options={"prefill_chunk": CHUNK, "expert_format": "nvfp4",
+                                                              "linear_format": "native", **opts})
     if fused:  # the CPU refuses decode_kernels=fused (too slow for users); the test drives the kernels anyway
         eng.model.kernels = dataclasses.replace(eng.model.kernels, fused_decode=True)
     if split != "off":  # the shared expert apart from the routed kernels (its GPU path beside the miss copy)
@@ -187,27 +186,3 @@ def test_a_dropped_launch_of_the_profile_ceilings_changes_the_step(quantized_ckp
     dropped = _engine(quantized_ckpt, True).score(ids, prefill=24)
     assert torch.isfinite(dropped).all() and torch.equal(full[:24], dropped[:24])
     assert not torch.equal(full[24:], dropped[24:])
-
-
-@pytest.mark.parametrize("routing", [None, {"seed": 5, "length": 7}])
-def test_the_gate_up_launch_routing_itself_gives_the_same_logits_without_route_topk(quantized_ckpt, monkeypatch,
-                                                                                    routing):
-    """nvfp4_experts_decode.ROUTE_IN_GATE_UP (resident experts): expert_gate_up's programs find their experts from
-    the router's logits and fill route_topk's outputs; the step's logits are byte-equal to route_topk's path,
-    under a benchmark trace too, and route_topk is never launched. bf16, as on a GPU (16-bit logits)."""
-    from qwenlocal.engine.kernels import nvfp4_experts_decode
-    from qwenlocal.engine.model import decode_fused
-
-    ids = torch.randint(0, 600, (24 + 3,), generator=torch.Generator().manual_seed(8))
-    opts = {"routing": routing, "dtype": torch.bfloat16} if routing else {"dtype": torch.bfloat16}
-    ref_eng = _engine(quantized_ckpt, True, **opts)
-    ref = ref_eng.score(ids, prefill=24)
-    monkeypatch.setattr(nvfp4_experts_decode, "ROUTE_IN_GATE_UP", True)
-    eng = _engine(quantized_ckpt, True, **opts)
-    assert decode_fused.routes_itself(eng.model.layers[0].moe, torch.empty(1, dtype=torch.bfloat16))
-
-    def no_route_topk(*args, **kwargs):
-        raise AssertionError("route_topk launched although the gate/up launch routes itself")
-
-    monkeypatch.setattr(decode_fused, "route_topk", no_route_topk)
-    assert torch.equal(eng.score(ids, prefill=24), ref)

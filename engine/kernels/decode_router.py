@@ -12,9 +12,9 @@ order are those of torch.topk on the probabilities wherever those are distinct, 
 cannot reorder two near-equal experts. Ties (equal logits, common with bf16 logits): the lower expert id
 first; torch.topk does not specify its order among equal values, so where a tie straddles rank k the chosen
 expert may differ from torch's. Logits must be finite (a -inf logit could be chosen twice).
-16-bit logits (the engine's bf16 / fp16 router) go through route_keys.route_weights instead: the same experts in
-the same order, the weights as e_r / sum of the top-k's e in rank order (an ulp from the fp32 path's at most),
-the bytes expert_gate_up's programs compute when they route themselves (nvfp4_experts_decode route=).
+16-bit logits (the engine's bf16 / fp16 router) go through route_keys.py's packed keys where KEYS is on (the
+default): the same experts in the same order, the weights as e_r / sum of the top-k's e in rank order (an ulp
+from the fp32 form's at most), in half the time (docs/RESULTS.md session 15).
 """
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ from .launch import gdc_prologue, pdl_launch
 from .decode_norm import round_code
 from .nvfp4_triton import _store_exact, exact_out
 from .route_keys import MAX_EXPERTS, store_route
+
+# 16-bit logits through route_keys.py (profile_decode arm "no-keys" compares): 1.69 against 3.51 us a launch.
+KEYS = True
 
 
 @triton.jit
@@ -82,7 +85,7 @@ def route_topk(logits: torch.Tensor, num_experts: int, top_k: int, weights_dtype
     if weights.dtype != weights_dtype or weights.numel() != top_k or ids.numel() != top_k or shared.numel() != 1:
         raise ValueError("out must be (weights [1, k] in weights_dtype, ids [1, k] int64, shared_scale [1] fp32)")
     round_code(weights_dtype)
-    keys = flat.dtype in (torch.bfloat16, torch.float16)
+    keys = KEYS and flat.dtype in (torch.bfloat16, torch.float16)
     if keys and num_experts > MAX_EXPERTS:
         raise ValueError(f"route_topk packs expert ids in 16 bits: {num_experts} experts > {MAX_EXPERTS}")
     route_topk_kernel[(1,)](flat, exact_out(weights), ids, shared, num_experts, TOP_K=top_k,

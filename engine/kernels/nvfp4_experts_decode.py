@@ -36,21 +36,19 @@ from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows, nvfp4_expert_row_bytes
 from .nvfp4_expert_rows import extra_down, gate_up_pointers, routed_down, rows_part, rows_step, x_tiles
 from .nvfp4_triton import _store_exact, exact_out
-from .route_keys import MAX_EXPERTS, route_rank_key, store_route
 
 
 @triton.jit
 def _gate_up_rows(x_ptr, xs, w, mask_w, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, row_words, gu_scale_at,
                   glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j, n, K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr,
                   BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
-                  GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr, e_routed=None, ROUTED: tl.constexpr = False):
+                  GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr):
     """act[j, n] for expert j (0..k-1 routed, k the extra one) and rows n. ONE_STEP: the whole row in one K
-    step, its activations xs (x_tiles of words w) already loaded; else rows_part's K loop. ROUTED: expert j's
-    row is e_routed (found by the program), not ids[j]."""
+    step, its activations xs (x_tiles of words w) already loaded; else rows_part's K loop."""
     mask_n = n < I
     gate_w, up_w, gate_s, up_s, g_gate, g_up = gate_up_pointers(
         ids_ptr, words_ptr, bytes_ptr, H, I, row_words, gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j,
-        K_ROUTED, HAS_EXTRA, e_routed, ROUTED)
+        K_ROUTED, HAS_EXTRA)
     # int64 rows here, int32 in the down kernel: fewer SASS instructions for each at the real shape (sm_90).
     rows = n.to(tl.int64)
     if ONE_STEP:
@@ -66,20 +64,14 @@ def _gate_up_rows(x_ptr, xs, w, mask_w, ids_ptr, words_ptr, bytes_ptr, act_ptr, 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
 def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, row_words, gu_scale_at, glob_at,
-                          xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, tiles, logits_ptr, E, wts_out_ptr, ids_out_ptr,
-                          shared_out_ptr,
+                          xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, tiles,
                           K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr,
                           X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False,
-                          PERSISTENT: tl.constexpr = False, ROUTE: tl.constexpr = 0, BLOCK_E: tl.constexpr = 32,
-                          KP: tl.constexpr = 1, F16: tl.constexpr = False, W_BF16: tl.constexpr = True):
+                          PERSISTENT: tl.constexpr = False):
     """One program a (expert, row block): grid (k (+1), I / BLOCK_N). PERSISTENT (the whole row in one K step):
     a 1-D grid of programs taking the `tiles` (expert, row block) pairs pid, pid + grid, ... in turn, expert
-    major, with x's activations loaded once per program instead of once per tile: the same bytes.
-    ROUTE (one program a tile): each routed program finds its expert, rank j of the router's 16-bit logits
-    (route_keys.py), instead of reading ids[j]; program (0, 0) stores route_topk's outputs for the down launch
-    (weights, ids, the shared gate's sigmoid). ROUTE 2 (a benchmark's routing trace): the rows are ids[j], the
-    trace's, and the rank is still found so that the launch does a user's work."""
+    major, with x's activations loaded once per program instead of once per tile: the same bytes."""
     gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     if PERSISTENT:
         w = tl.arange(0, 2 * BLOCK_G)
@@ -93,21 +85,10 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
                           gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j, n, K_ROUTED, HAS_EXTRA,
                           BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, True)
     else:
-        j = tl.program_id(0)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        e_routed = tl.zeros([], dtype=tl.int64)
-        if ROUTE > 0:
-            if j < K_ROUTED:
-                key = route_rank_key(logits_ptr, E, j, BLOCK_E)
-                e_routed = (0xFFFF - (key & 0xFFFF)).to(tl.int64)
-                if ROUTE == 2:  # the trace's row; the rank stays live (a key is never -2^31 + 1)
-                    e_routed = tl.where(key == -2147483647, e_routed, tl.load(ids_ptr + j).to(tl.int64))
-            if j + tl.program_id(1) == 0:
-                store_route(logits_ptr, wts_out_ptr, ids_out_ptr, shared_out_ptr, E, K_ROUTED, KP, BLOCK_E, F16,
-                            W_BF16)
         _gate_up_rows(x_ptr, x_ptr, x_ptr, x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, row_words,
-                      gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j, n, K_ROUTED,
-                      HAS_EXTRA, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, False, e_routed, ROUTE > 0)
+                      gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, tl.program_id(0), n, K_ROUTED,
+                      HAS_EXTRA, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, False)
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
@@ -171,9 +152,6 @@ DECODES = ("asm", "fp16", "exact")
 # "fused-pdl/experts", session 9) was 1.07x the step: fewer instructions, but one wave of programs over 8
 # experts' rows streams worse than a program a tile. The same bytes (tests/test_kernels_nvfp4_experts_decode.py).
 PERSISTENT = False
-# expert_gate_up's programs route themselves (route=, route_keys.py) where the experts are resident: no
-# route_topk launch (decode_fused.routes_itself). Off until its GPU A/B (profile_decode arm "routeup").
-ROUTE_IN_GATE_UP = False
 REGS_PER_THREAD = 128  # the budget one wave is sized for (the kernels' sm_90 code uses 54-64)
 
 
@@ -210,8 +188,7 @@ def _block_g(k_in: int, block_g: int | None) -> int:
 def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                    extra: tuple | None = None, out: torch.Tensor | None = None, *, block_n: int | None = None,
                    block_g: int | None = None, num_warps: int = 4, decode: str | None = None,
-                   x_split: bool = True, group_scales: bool = False, programs: int | None = None,
-                   route: tuple | None = None) -> torch.Tensor:
+                   x_split: bool = True, group_scales: bool = False, programs: int | None = None) -> torch.Tensor:
     """act fp32 [n, I] (n = k, + 1 with extra): act[j] = SiLU(gate_j x) * (up_j x) for the row rows[ids[0, j]]
     and, with extra = (gate_packed, gate_scale, gate_scale2, up_packed, up_scale, up_scale2) (QuantLinear NVFP4
     tensors [I, H/2], [I, H/16] e4m3, fp32 []), act[k] for that expert. x [1, H] (or [H]) bf16/fp16/fp32,
@@ -220,15 +197,8 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     sweep's best: 9.35 us vs 10.47 at 8 for the real geometry, scripts/bench_nvfp4_experts_decode.py).
     programs: at most this many persistent programs taking the (expert, row block) tiles in turn, x loaded once
     each (the whole row in one K step only; None: the module switch PERSISTENT, one wave of them, else one
-    program a tile).
-    route = (logits [E + 1] bf16/fp16, E, weights_out [1, k], ids_out [1, k] int64, shared_out [1] fp32): the
-    programs route themselves (kernel's ROUTE) from the router + shared-gate logits, and the launch fills the
-    outs as route_topk would, byte for byte; ids is then None, or a benchmark trace's ids [1, k] (rows from
-    the trace, the rank still found). One program a tile only."""
+    program a tile)."""
     words = _check(rows, hidden, inter)
-    route_args, route_consts = _route_launch(route, ids, x.device)
-    if route is not None:
-        ids = ids if ids is not None else route[3]
     k = ids.shape[-1]
     n = k + (extra is not None)
     if block_n is None:  # 2 on a GPU; in Triton's interpreter (tests) whole experts, its time going by programs
@@ -244,38 +214,12 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     tiles = n * triton.cdiv(inter, block_n)
     programs = requested_programs(programs, x.device, num_warps, bg * 16 >= hidden)
     persistent = programs is not None and 0 < programs < tiles
-    if persistent and route is not None:
-        raise ValueError("route= needs one program a tile (no persistent programs)")
     expert_gate_up_kernel[(programs,) if persistent else (n, triton.cdiv(inter, block_n))](
         x.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out, hidden, inter, words.stride(0),
-        off["gu_scale_at"], off["glob_at"], *gate, *up, tiles, *route_args, K_ROUTED=k, HAS_EXTRA=extra is not None,
+        off["gu_scale_at"], off["glob_at"], *gate, *up, tiles, K_ROUTED=k, HAS_EXTRA=extra is not None,
         BLOCK_N=block_n, BLOCK_G=bg, MASKED=masked, DECODE=_decode(decode, rows), X_SPLIT=x_split,
-        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **route_consts,
-        **pdl_launch(x.device))
+        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **pdl_launch(x.device))
     return out
-
-
-def _route_launch(route: tuple | None, trace_ids: torch.Tensor | None, device: torch.device) -> tuple[list, dict]:
-    """expert_gate_up's route= as the kernel's arguments and constants (stand-ins where route is None)."""
-    if route is None:
-        stand_in = torch.empty(1, device=device, dtype=torch.int32)
-        return [stand_in, 0, stand_in, stand_in, stand_in], {}
-    logits, experts, weights, ids, shared = route
-    flat = logits.reshape(-1)
-    k = ids.shape[-1]
-    if flat.dtype not in (torch.bfloat16, torch.float16) or flat.numel() != experts + 1 or not flat.is_contiguous():
-        raise ValueError(f"route's logits must be {experts} + 1 contiguous bf16/fp16 entries, got "
-                         f"{tuple(logits.shape)} {flat.dtype}")
-    if not 1 <= k <= experts or experts > MAX_EXPERTS:
-        raise ValueError(f"route needs 1 <= top_k {k} <= experts {experts} <= {MAX_EXPERTS}")
-    if ids.dtype != torch.int64 or weights.shape != (1, k) or shared.numel() != 1 or shared.dtype != torch.float32:
-        raise ValueError("route's outs must be (weights [1, k], ids [1, k] int64, shared_scale [1] fp32)")
-    if trace_ids is not None and trace_ids.shape[-1] != k:
-        raise ValueError(f"the trace's ids must be [1, {k}] like route's, got {tuple(trace_ids.shape)}")
-    consts = dict(ROUTE=2 if trace_ids is not None else 1, BLOCK_E=triton.next_power_of_2(experts),
-                  KP=triton.next_power_of_2(k), F16=flat.dtype == torch.float16,
-                  W_BF16=weights.dtype == torch.bfloat16)
-    return [flat, experts, exact_out(weights), ids, shared], consts
 
 
 def expert_down(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int,

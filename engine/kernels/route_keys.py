@@ -1,17 +1,15 @@
-"""The router's top-k over 16-bit logits as packed integer keys, cheap enough for every program of a launch.
+"""The router's top-k over 16-bit logits as packed integer keys: route_topk's one program in half the time.
 
-Why: route_topk was a one-program launch of its own between the router GEMV and the experts' gate/up; leaving it
-out made the resident 16K step 0.938x (docs/RESULTS.md session 15, the drop-route ceiling). expert_gate_up's
-programs can find their expert themselves (route= there): each needs the id of one rank, j, of the top-k.
-A key per expert packs its logit's 16 bits, made monotone as a signed integer, above 16 bits of (0xFFFF - id):
-one integer max finds the largest logit and, among equal ones, the lowest id (route_topk's order; torch.topk's
-where the logits are distinct). Rank j is the max after j rounds of (max, remove it): no sort, no index
-reduction beside the value's.
-The weights (route_weights): e_r = exp(l_r - l_0) added in rank order as scalars, then e_r / sum (softmax's
-denominator cancels in the renormalisation). Scalar and elementwise arithmetic only, and integer maxima, so any
-kernel at any warps gets the same bytes: route_topk (one program) and expert_gate_up's programs agree byte for
-byte (tests/test_kernels_route_keys.py). Logits must be finite, bf16 or fp16.
-Reference: route_topk_reference (decode_router.py).
+Why: route_topk is a one-program launch between the router GEMV and the experts' gate/up, on the step's critical
+path 40 times. Its fp32 form (decode_router._route_tail) takes k rounds of an argmax over (value, index) pairs
+after a softmax over all E experts: 3.5 us on the H200. Here a key per expert packs its logit's 16 bits, made
+monotone as a signed integer, above 16 bits of (0xFFFF - id): one integer max a round finds the largest logit
+and, among equal ones, the lowest id (route_topk's order; torch.topk's where the logits are distinct); 1.7 us
+(docs/RESULTS.md session 15).
+The weights: e_r = exp(l_r - l_0) added in rank order as scalars, then e_r / sum (softmax's denominator cancels
+in the renormalisation; an ulp from the fp32 form's at most). Scalar and elementwise arithmetic only, and
+integer maxima, so the bytes do not depend on the launch's warps. Logits must be finite, bf16 or fp16.
+Reference: route_topk_reference (decode_router.py); tests/test_kernels_route_keys.py.
 """
 from __future__ import annotations
 
@@ -47,16 +45,6 @@ def _value(key, F16: tl.constexpr):
 @triton.jit
 def _id(key):
     return 0xFFFF - (key & 0xFFFF)
-
-
-@triton.jit
-def route_rank_key(logits_ptr, E, j, BLOCK_E: tl.constexpr):
-    """The key of rank j (a runtime index, 0-based) of logits[0..E-1]: j rounds of removing the max, then the max.
-    _id(key) is the expert."""
-    keys = _keys(logits_ptr, E, BLOCK_E)
-    for _ in range(j):
-        keys = tl.where(keys == tl.max(keys, axis=0), NONE, keys)
-    return tl.max(keys, axis=0)
 
 
 @triton.jit

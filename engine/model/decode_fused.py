@@ -30,7 +30,7 @@ import torch
 import triton
 
 from ..kernels import attention_decode as attention_decode_mod
-from ..kernels import nvfp4_experts_decode, nvfp4_experts_mma
+from ..kernels import nvfp4_experts_mma
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import gemv_mixed, gemv_norm, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
@@ -41,10 +41,8 @@ from ..kernels.launch import new_counter, programmatic_launch
 from ..kernels.nvfp4_experts_decode import expert_gate_up, nvfp4_triples
 from ..kernels.nvfp4_experts_parts import expert_down_parts
 from ..kernels.nvfp4_experts_parts import BLOCK_M as PARTS_BLOCK_M
-from ..kernels.route_keys import MAX_EXPERTS
 from ..quant.linear import QuantLinear
 from ..quant.scheme import NVFP4
-from .moe import ResidentExperts
 from .ops import swiglu
 
 if TYPE_CHECKING:
@@ -165,39 +163,16 @@ def _route(moe: "SparseMoE", h: torch.Tensor):
     gates = [moe.router_w, moe.shared_gate]
     if "route" in DROP:
         gemv_multi(h, gates)
-        return (*_dropped_route(moe, h), None)
+        return _dropped_route(moe, h)
     plain = all(_format(g) == "dense" and g.dtype == h.dtype for g in gates)
     if router_gemv.FUSED and plain:  # one launch: the tail in the GEMV's last program (the same bytes)
-        return (*router_gemv.router_topk(h, *gates, moe.top_k, h.dtype, _counters(moe, "route_counter", h.device)),
-                None)
+        return router_gemv.router_topk(h, *gates, moe.top_k, h.dtype, _counters(moe, "route_counter", h.device))
     # Logits in the compute dtype, as the unfused router's F.linear gives them (top-k then agrees on near-ties).
     if _format(gates[0]) == _format(gates[1]):  # always so in the known checkpoints (both BF16): one launch
         router_logits = gemv_multi(h, gates)
     else:
         router_logits = torch.cat(project(h, gates), dim=-1)
-    return _topk(moe, router_logits, h.dtype)
-
-
-def routes_itself(moe: "SparseMoE", logits: torch.Tensor) -> bool:
-    """expert_gate_up's programs find their own experts from the router's logits (ROUTE_IN_GATE_UP; no
-    route_topk launch): the experts resident (no slot map to ensure first), the serial NVFP4 launch with the
-    shared expert, one program a tile, 16-bit logits."""
-    return (nvfp4_experts_decode.ROUTE_IN_GATE_UP and isinstance(moe.experts, ResidentExperts)
-            and moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe) and moe.overlap.split == "off"
-            and not nvfp4_experts_mma.FUSED and not nvfp4_experts_decode.PERSISTENT
-            and logits.dtype in (torch.bfloat16, torch.float16) and moe.router_w.shape[0] <= MAX_EXPERTS)
-
-
-def _topk(moe: "SparseMoE", logits: torch.Tensor, dtype: torch.dtype):
-    """(weights, ids, shared_scale, logits): route_topk's outputs and None, or, where the gate/up launch routes
-    itself, the empty tensors it fills and the logits it routes from."""
-    k, e = moe.top_k, moe.router_w.shape[0]
-    if routes_itself(moe, logits):
-        outs = (torch.empty(1, k, device=logits.device, dtype=dtype),
-                torch.empty(1, k, device=logits.device, dtype=torch.int64),
-                torch.empty(1, device=logits.device, dtype=torch.float32))
-        return (*outs, logits.reshape(-1))
-    return (*route_topk(logits.reshape(-1), e, k, dtype), None)
+    return route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
 
 
 def _norm_tail(moe: "SparseMoE", next_norm: tuple | None, hidden: int) -> tuple | None:
@@ -220,8 +195,9 @@ def _route_with_norm(moe: "SparseMoE", pending: tuple):
     router's programs, then route_topk's tail on their logits."""
     new_x, h, router_logits = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate)
     if "route" in DROP:
-        return (*_dropped_route(moe, h), None, new_x, h)
-    return (*_topk(moe, router_logits, h.dtype), new_x, h)
+        return (*_dropped_route(moe, h), new_x, h)
+    weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
+    return weights, ids, shared_scale, new_x, h
 
 
 def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor | None = None,
@@ -233,15 +209,15 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor
     post_norm, eps) instead of h (router_takes_the_norm): the router's launch does the post-mixer norm, and the
     result is (new_x, the above), next_norm's x replaced by new_x."""
     if pending is not None:
-        *route, new_x, h = _route_with_norm(moe, pending)
+        weights, ids, shared_scale, new_x, h = _route_with_norm(moe, pending)
         if next_norm is not None:
             next_norm = (new_x, *next_norm[1:])
-        return new_x, _moe_after_route(moe, h, *route, trace_ids, next_norm)
-    return _moe_after_route(moe, h, *_route(moe, h), trace_ids, next_norm)
+        return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm)
+    weights, ids, shared_scale = _route(moe, h)
+    return _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm)
 
 
-def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra, site: str,
-             route: tuple | None = None):
+def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra, site: str):
     """expert_gate_up's act, on the tensor cores where nvfp4_experts_mma.FUSED and the layer allows it (K in
     whole split steps; its input norm's outputs fit fp16: moe.mma_ok, set by forward on an eager step).
     site: the call site's arrival counters on moe (one set a launch site: serial, shared apart, routed)."""
@@ -252,22 +228,14 @@ def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.T
         counters = _counters(moe, site, h.device, n * triton.cdiv(moe.inter, cfg["block_n"]))
         return nvfp4_experts_mma.expert_gate_up_mma(h, ids, rows, moe.hidden, moe.inter, extra, counters=counters,
                                                     **cfg)
-    if route is not None:  # the programs find their experts (routes_itself): ids is None or a trace's
-        return expert_gate_up(h, ids, rows, moe.hidden, moe.inter, extra=extra, route=route)
     return expert_gate_up(h, ids, rows, moe.hidden, moe.inter, extra=extra)
 
 
-def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_scale, logits, trace_ids, next_norm):
-    """moe_decode after the router: the experts (and the shared one) of this token. logits: not None where the
-    gate/up launch routes itself (routes_itself), filling weights, ids and shared_scale for the down launch."""
-    route = None
-    if logits is not None:
-        route = (logits, moe.router_w.shape[0], weights, ids, shared_scale)
-        ids = None  # the gate/up launch writes route_topk's ids; the down launch reads them (or the trace's)
+def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_scale, trace_ids, next_norm):
+    """moe_decode after the router: the experts (and the shared one) of this token."""
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
-    slots, expert_weights, copy = (None, moe.experts.weights, None) if route is not None else \
-        moe.experts.for_decode(ids)
+    slots, expert_weights, copy = moe.experts.for_decode(ids)
     cfg_h, cfg_i = moe.hidden, moe.inter
     if moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe):
         gate, up, down_extra = nvfp4_triples(*moe.shared)
@@ -275,12 +243,8 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         rows = expert_weights[0]
         # The down projection leaves one fp32 part per expert ([k + 1, 1, H]); the next add_rms_norm sums them.
         if moe.overlap.split == "off":
-            if route is not None:
-                act = _gate_up(moe, h, trace_ids, rows, gate_up_extra, "mma_counters", route)
-                slots = trace_ids if trace_ids is not None else route[3]
-            else:
-                copy()
-                act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters")
+            copy()
+            act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters")
             return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                      extra_scale=shared_scale, norm=_norm_tail(moe, next_norm, cfg_h))
         # The shared expert apart (on its stream beside the miss copy): the same two kernels' programs with no
