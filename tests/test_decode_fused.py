@@ -186,3 +186,26 @@ def test_a_dropped_launch_of_the_profile_ceilings_changes_the_step(quantized_ckp
     dropped = _engine(quantized_ckpt, True).score(ids, prefill=24)
     assert torch.isfinite(dropped).all() and torch.equal(full[:24], dropped[:24])
     assert not torch.equal(full[24:], dropped[24:])
+
+
+def test_the_next_norm_in_the_down_launch_and_the_first_gemv_keeps_the_step(quantized_ckpt, monkeypatch):
+    """parts_norm.TILE_SUMS: the MoE down launch leaves the new residual and its tiles' sums of squares, the next
+    layer's first GEMV norms x as it loads it; add_rms_norm then runs twice a step (the first layer's input, the
+    final norm), and the logits stay within fp32 rounding of the switch off (rstd's sum in another order). With
+    the shared expert apart (the overlap's split), the bytes of the serial launch."""
+    from qwenlocal.engine.kernels import parts_norm
+    from qwenlocal.engine.model import decode_fused
+
+    ids = torch.randint(0, 600, (24 + 3,), generator=torch.Generator().manual_seed(10))
+    off = _engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24)
+    monkeypatch.setattr(parts_norm, "TILE_SUMS", True)
+    calls = []
+    real = decode_fused.add_rms_norm
+    monkeypatch.setattr(decode_fused, "add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    on = _engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24)
+    assert len(calls) == 2 * 3  # three decode steps
+    assert torch.equal(on[:24], off[:24])
+    assert ((on[24:] - off[24:]).abs().max() / off[24:].abs().max()) < 1e-5
+    assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
+    apart = _engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24)
+    assert torch.equal(apart, on)

@@ -97,10 +97,11 @@ def test_both_fp8_paths_are_at_the_bf16_level_of_the_unfused_step(monkeypatch, f
 TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"),
          "gdntail": ("gdn_decode", "NORM_SHIFT_TAIL"), "router": ("router_gemv", "FUSED"),
          "mixed": ("gemv_mixed", "MIXED"), "attn": ("attention_decode", "TRITON"),
-         "routernorm": ("router_norm", "FUSED"), "mma": ("nvfp4_experts_mma", "FUSED")}
+         "routernorm": ("router_norm", "FUSED"), "mma": ("nvfp4_experts_mma", "FUSED"),
+         "tilesums": ("parts_norm", "TILE_SUMS")}
 
 
-@pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "mma",
+@pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "mma", "tilesums",
                                    "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
@@ -110,7 +111,9 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     launch instead of FlashInfer's): other kernels altogether. So the gate
     is the bf16 level against the unfused step, and graph replay byte-equal to eager over 190 steps (with
     programmatic launch); all the one-launch tails together too. nvfp4_experts_mma.FUSED (the experts' gate/up
-    on the tensor cores, its activations in fp16, its K split with a per-tile last-arrival sum): the same gate."""
+    on the tensor cores, its activations in fp16, its K split with a per-tile last-arrival sum): the same gate.
+    parts_norm.TILE_SUMS (the next layer's input norm from the down launch's tile sums, applied by its first
+    GEMV): the same gate."""
     import importlib
 
     ref = "synthetic:small-nvfp4"

@@ -241,3 +241,50 @@ def test_choose_config_loops_over_k_only_beyond_4096():
     assert choose_config("fp8", 4096, 4096).block_k == 4096
     assert choose_config("fp8", 4096, 8192).block_k == 4096
     assert choose_config("nvfp4", 64, 48).block_k == 64
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("fmt", FORMATS + ("fp8-cvt",))
+def test_a_gemv_that_norms_its_input_is_the_gemv_of_the_normed_input(fmt, x_dtype, nan_empty):
+    """norm = (tile sums, weight, eps): x a residual, normed as it is loaded with rstd from its tiles' sums of
+    squares (parts_norm TILE_SUMS); against add_rms_norm then the GEMV: the same normed values where rstd's sum
+    agrees (the interpreter: byte for byte here), an ulp of the normed input otherwise."""
+    from qwenlocal.engine.kernels.decode_norm import add_rms_norm
+
+    k, block = 160, 16
+    gen = torch.Generator().manual_seed(41)
+    parts = [make_part("fp8" if fmt == "fp8-cvt" else fmt, n, k, gen) for n in (37, 5)]
+    x = (torch.randn(1, k, generator=gen) * 3).to(x_dtype).to(DEVICE)
+    norm_w = (0.3 * torch.randn(k, generator=gen)).to(x_dtype).to(DEVICE)
+    sums = x.float().reshape(-1, block).pow(2).sum(1)
+    _, normed = add_rms_norm(x, None, norm_w, 1e-6)
+    kw = dict(block_n=16, num_warps=4, fp8_cvt=fmt == "fp8-cvt")
+    got = gemv_multi(x, parts, out_dtype=torch.float32, norm=(sums, norm_w, 1e-6), **kw)
+    ref = gemv_multi(normed, parts, out_dtype=torch.float32, **kw)
+    assert torch.isfinite(got).all()
+    if DEVICE == "cpu":
+        assert torch.equal(got, ref)
+    else:
+        ulp = 2.0 ** -7 if x_dtype == torch.bfloat16 else 2.0 ** -22
+        assert ((got.cpu() - ref.cpu()).abs() <= ulp * abs_bound(normed, parts) + 1e-6).all()
+
+
+def test_the_two_format_gemv_norms_both_sides_alike(nan_empty):
+    from qwenlocal.engine.kernels.gemv_mixed import gemv_two_formats
+
+    k, block = 128, 16
+    gen = torch.Generator().manual_seed(43)
+    a, b = [make_part("fp8", 40, k, gen)], [make_part("dense", 6, k, gen)]
+    x = (torch.randn(1, k, generator=gen) * 2).to(torch.bfloat16).to(DEVICE)
+    norm_w = (0.3 * torch.randn(k, generator=gen)).to(torch.bfloat16).to(DEVICE)
+    sums = x.float().reshape(-1, block).pow(2).sum(1)
+    norm = (sums, norm_w, 1e-6)
+    got = gemv_two_formats(x, a, b, out_dtype=torch.float32, norm=norm)
+    ref = torch.cat([gemv_multi(x, a, out_dtype=torch.float32, norm=norm),
+                     gemv_multi(x, b, out_dtype=torch.float32, norm=norm)], dim=-1)
+    if DEVICE == "cpu":
+        assert torch.equal(got, ref)
+    else:  # rstd's few sums laid out by each launch's warps: an ulp of the normed input at most
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=1e-3)
+    with pytest.raises(ValueError, match="tile sums"):
+        gemv_multi(x, a, norm=(sums.double(), norm_w, 1e-6))

@@ -68,3 +68,50 @@ def test_bad_norm_tails_are_refused():
         expert_down_parts(*args[:6], write_shared=False, norm=(x, norm_w, EPS, good))
     with pytest.raises(ValueError, match="one program a tile"):
         expert_down_parts(*args, programs=4, norm=(x, norm_w, EPS, good))
+
+
+def _tile_sums_reference(new_x: torch.Tensor, block_m: int) -> torch.Tensor:
+    x = new_x.float().reshape(-1)
+    pad = (-x.numel()) % block_m
+    return torch.nn.functional.pad(x, (0, pad)).reshape(-1, block_m).pow(2).sum(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hidden, inter, experts, ids, block_m", [(96, 48, 7, [2, 5, 2], 16),
+                                                                  (160, 80, 6, [5, 0, 3, 3, 1], 64)])  # a masked tile
+def test_the_tile_sums_tail_gives_add_rms_norms_residual_and_its_tiles_sums(hidden, inter, experts, ids, block_m,
+                                                                            dtype):
+    """parts_norm TILE_SUMS (sums=): the new residual byte for byte as add_rms_norm writes it, and each tile's
+    sum of squares of it; twice through one set of counters (back at 0)."""
+    args, x, norm_w = _case(hidden, inter, experts, ids, dtype, seed=hidden + 1)
+    ref_x, _ = add_rms_norm(x, expert_down_parts(*args, block_m=block_m), norm_w, EPS)
+    counters = new_counter(x.device, -(-hidden // block_m))
+    for _ in range(2):
+        new_x, sums = expert_down_parts(*args, block_m=block_m, sums=(x, counters))
+        assert torch.equal(new_x, ref_x) and not counters.any()
+        ref_sums = _tile_sums_reference(ref_x, block_m)
+        torch.testing.assert_close(sums.cpu(), ref_sums.cpu(), rtol=1e-6, atol=0)
+
+
+def test_the_tile_sums_of_a_launch_without_the_shared_expert_sum_its_part_too():
+    """The overlap's split: the shared expert's part written by a launch before (expert_gate_up / down_parts with
+    no routed ids), the routed launch (write_shared=False) counting k programs a tile and summing k + 1 parts:
+    the serial launch's residual and sums, byte for byte."""
+    hidden, block_m = 96, 16
+    args, x, _ = _case(hidden, 48, 7, [2, 5, 2], torch.bfloat16, seed=9)
+    act, weights, ids, rows, h, i, extra, scale = args
+    tiles = -(-hidden // block_m)
+    serial = expert_down_parts(*args, sums=(x, new_counter(x.device, tiles)))
+    parts = torch.empty(4, 1, hidden, device=x.device, dtype=torch.float32)
+    expert_down_parts(act[3:], weights, ids[:, :0], rows, h, i, extra, scale, out=parts[3:])
+    split = expert_down_parts(act, weights, ids, rows, h, i, out=parts, write_shared=False,
+                              sums=(x, new_counter(x.device, tiles)))
+    assert torch.equal(split[0], serial[0]) and torch.equal(split[1], serial[1])
+
+
+def test_bad_tile_sums_are_refused():
+    args, x, norm_w = _case(96, 48, 7, [2, 5, 2], torch.float32, seed=5)
+    with pytest.raises(ValueError, match="counters"):
+        expert_down_parts(*args, sums=(x, new_counter(x.device, 2)))
+    with pytest.raises(ValueError, match="not both"):
+        expert_down_parts(*args, sums=(x, new_counter(x.device, 6)), norm=(x, norm_w, EPS, new_counter(x.device, 7)))

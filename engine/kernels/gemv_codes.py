@@ -13,6 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .decode_norm import _round_as
 from .launch import prefetch_l2
 
 _SIGNS = tl.constexpr(-0x7FFF8000)  # 0x80008000 as an int32: the sign bits of both fp16 halves
@@ -56,8 +57,28 @@ def _e2m1_halves(word, P: tl.constexpr):
 
 
 @triton.jit
+def x_values(x_ptr, offs, mask, nw_ptr, rstd, NORM: tl.constexpr, ROUND: tl.constexpr):
+    """x[offs] in fp32; where NORM, x is the residual and this is the RMS-normed value add_rms_norm would have
+    stored, round((x * rstd) * (1 + w[offs])) (decode_norm._add_rms_norm_row's arithmetic, element by element)."""
+    v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        scale = 1.0 + tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        v = _round_as((v * rstd) * scale, ROUND)
+    return v
+
+
+@triton.jit
+def tiles_rstd(sums_ptr, tiles, H, eps, BLOCK_T: tl.constexpr):
+    """1 / RMS of a residual from its tiles' sums of squares (parts_norm.py's TILE_SUMS tail), added in this
+    launch's fixed order."""
+    t = tl.arange(0, BLOCK_T)
+    sums = tl.load(sums_ptr + t, mask=t < tiles, other=0.0)
+    return tl.rsqrt(tl.sum(sums, axis=0) / H + eps)
+
+
+@triton.jit
 def dense_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 CHUNK: tl.constexpr):
+                 CHUNK: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
     """sum over K block k0 of W[rows] * x for a plain [N, K] weight; tile [BLOCK_N, chunks, CHUNK] as in
     fp8_block."""
     C: tl.constexpr = BLOCK_K // CHUNK
@@ -68,13 +89,13 @@ def dense_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.const
         wt = tl.load(ptrs, mask=mask_n[:, None, None], other=0.0)
     else:
         wt = tl.load(ptrs, mask=mask_n[:, None, None] & mask_k[None, :, :], other=0.0)
-    xv = tl.load(x_ptr + cols, mask=mask_k, other=0.0).to(tl.float32)
+    xv = x_values(x_ptr, cols, mask_k, nw_ptr, rstd, NORM, ROUND)
     return tl.sum(tl.sum(wt.to(tl.float32) * xv[None, :, :], axis=1), axis=1)
 
 
 @triton.jit
 def fp8_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-               CHUNK: tl.constexpr):
+               CHUNK: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
     """sum over K block k0 of e4m3(W[rows]) * 2^-8 * x; w: the [N, K/4] int32 view of the codes. The block is
     a [BLOCK_N, chunks, CHUNK] tile of words (CHUNK: a warp's 16 B loads across a row), so that the compiler
     gives each thread all chunks of its rows: a row is summed in one thread, then across one warp."""
@@ -88,16 +109,16 @@ def fp8_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constex
         words = tl.load(ptrs, mask=mask_n[:, None, None] & mask_x[None, :, :], other=0)
     even, odd = _e4m3_halves(words)
     # x as [chunks, CHUNK] loads, broadcast over the rows (a 3D load of x would impose its layout on the tile)
-    prod = _half_lo(even) * tl.load(x_ptr + 4 * jx, mask=mask_x, other=0.0).to(tl.float32)[None, :, :]
-    prod += _half_lo(odd) * tl.load(x_ptr + 4 * jx + 1, mask=mask_x, other=0.0).to(tl.float32)[None, :, :]
-    prod += _half_hi(even) * tl.load(x_ptr + 4 * jx + 2, mask=mask_x, other=0.0).to(tl.float32)[None, :, :]
-    prod += _half_hi(odd) * tl.load(x_ptr + 4 * jx + 3, mask=mask_x, other=0.0).to(tl.float32)[None, :, :]
+    prod = _half_lo(even) * x_values(x_ptr, 4 * jx, mask_x, nw_ptr, rstd, NORM, ROUND)[None, :, :]
+    prod += _half_lo(odd) * x_values(x_ptr, 4 * jx + 1, mask_x, nw_ptr, rstd, NORM, ROUND)[None, :, :]
+    prod += _half_hi(even) * x_values(x_ptr, 4 * jx + 2, mask_x, nw_ptr, rstd, NORM, ROUND)[None, :, :]
+    prod += _half_hi(odd) * x_values(x_ptr, 4 * jx + 3, mask_x, nw_ptr, rstd, NORM, ROUND)[None, :, :]
     return tl.sum(tl.sum(prod, axis=1), axis=1)
 
 
 @triton.jit
 def nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 CHUNK: tl.constexpr):
+                 CHUNK: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
     """sum over K block k0 of e2m1(W[rows]) * 2^-14 * block scale * 2^-8 * x; w: the [N, K/16] int64 view of the
     packed codes (one word per scale group), s: the [N, K/16] E4M3 block scale bytes. Tile [BLOCK_N, chunks,
     CHUNK] of groups as in fp8_block."""
@@ -118,15 +139,15 @@ def nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.co
         scale = tl.load(s + offs2, mask=mask_n[:, None, None] & mask_g[None, :, :], other=0)
     lo = words.to(tl.int32)  # codes 0-7 of the group
     hi = (words >> 32).to(tl.int32)  # codes 8-15
-    xs = x_ptr + 16 * grp
+    xs = 16 * grp
     part = tl.zeros(words.shape, dtype=tl.float32)
     for p in tl.static_range(4):  # one FMA chain of 16 codes per group
         h = _e2m1_halves(lo, p)
-        part += _half_lo(h) * tl.load(xs + p, mask=mask_g, other=0.0).to(tl.float32)[None, :, :]
-        part += _half_hi(h) * tl.load(xs + p + 4, mask=mask_g, other=0.0).to(tl.float32)[None, :, :]
+        part += _half_lo(h) * x_values(x_ptr, xs + p, mask_g, nw_ptr, rstd, NORM, ROUND)[None, :, :]
+        part += _half_hi(h) * x_values(x_ptr, xs + p + 4, mask_g, nw_ptr, rstd, NORM, ROUND)[None, :, :]
         h = _e2m1_halves(hi, p)
-        part += _half_lo(h) * tl.load(xs + p + 8, mask=mask_g, other=0.0).to(tl.float32)[None, :, :]
-        part += _half_hi(h) * tl.load(xs + p + 12, mask=mask_g, other=0.0).to(tl.float32)[None, :, :]
+        part += _half_lo(h) * x_values(x_ptr, xs + p + 8, mask_g, nw_ptr, rstd, NORM, ROUND)[None, :, :]
+        part += _half_hi(h) * x_values(x_ptr, xs + p + 12, mask_g, nw_ptr, rstd, NORM, ROUND)[None, :, :]
     return tl.sum(tl.sum(part * _e4m3_scaled(scale.to(tl.int32)), axis=1), axis=1)
 
 

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .gemv_codes import dense_block, fp8_block, nvfp4_block, prefetch_rows
+from .decode_norm import round_code
+from .gemv_codes import dense_block, fp8_block, nvfp4_block, prefetch_rows, tiles_rstd
 from .fp8_scaled_mm import fp8_tensor_cores
 from .launch import gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_fp8, dequant_nvfp4
@@ -85,18 +86,20 @@ def _prefetch_tile(t, tiles, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0,
 @triton.jit
 def _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K: tl.constexpr, FMT: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
-                  FP8_CVT: tl.constexpr):
+                  FP8_CVT: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False,
+                  ROUND: tl.constexpr = 0):
     """One tile: BLOCK_N rows of one part times x, stored at out_rows. FP8_CVT: the FP8 codes as float8e4nv
     elements, converted by the hardware (sm_89+: two codes an instruction, exact) in the dense path's tile."""
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):  # one block where K <= BLOCK_K; unrolled otherwise (K/BLOCK_K small)
         if FMT == 0 or (FMT == 1 and FP8_CVT):
-            acc += dense_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
+            acc += dense_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
         elif FMT == 1:
-            acc += fp8_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
+            acc += fp8_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
         else:
-            acc += nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
+            acc += nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM,
+                               ROUND)
     if FMT == 1 and FP8_CVT:
         acc = acc * tl.load(s).to(tl.float32)
     elif FMT == 1:
@@ -111,12 +114,15 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
                       tiles, K: tl.constexpr, FMT: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
                       USE_GDC: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                      PERSISTENT: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0, FP8_CVT: tl.constexpr = False):
+                      PERSISTENT: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0, FP8_CVT: tl.constexpr = False,
+                      sums_ptr=None, nw_ptr=None, sum_tiles=0, eps=0.0, NORM: tl.constexpr = False,
+                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1):
     """Tile t (BLOCK_N rows of one part, `_tile_part`) of `tiles`. One program a tile, or PERSISTENT: the grid's
     programs take the tiles pid, pid + grid, ... in turn, and ask L2 for the rows of the tile L2_AHEAD turns
     ahead before each tile's loads, so that an SM's loads stream while it decodes and sums (the programs of one
     SM otherwise start together and load, then compute, together). Parts beyond PARTS are never read (the
-    wrapper passes part 0 there). A row's sum is the same either way (one tile, one order)."""
+    wrapper passes part 0 there). A row's sum is the same either way (one tile, one order). NORM: x is a
+    residual, RMS-normed as it is loaded (gemv_codes.x_values) with the rstd of its tiles' sums of squares."""
     pid = tl.program_id(0)
     if PERSISTENT:
         grid = tl.num_programs(0)
@@ -125,6 +131,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
                 _prefetch_tile(pid + a * grid, tiles, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1, n2,
                                n3, p1, p2, p3, K, FMT, PARTS, BLOCK_N)
         gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
+        rstd = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
         for t in range(pid, tiles, grid):
             if L2_AHEAD > 0:
                 _prefetch_tile(t + L2_AHEAD * grid, tiles, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1,
@@ -132,7 +139,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
             w, s, g, rows64, mask_n, out_rows = _tile_rows(t, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
                                                            n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
             _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                          OUT_BF16, FP8_CVT)
+                          OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND)
     else:
         w, s, g, rows64, mask_n, out_rows = _tile_rows(pid, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
                                                        n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
@@ -140,8 +147,9 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
         # with programmatic launch they stream in while the previous kernel (often a one-program norm) runs.
         prefetch_rows(w, s, rows64, mask_n, K, FMT, USE_GDC and PREFETCH)
         gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
+        rstd = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
         _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                      OUT_BF16, FP8_CVT)
+                      OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,13 +296,16 @@ def _check(x: torch.Tensor, parts) -> tuple[str, list, int]:
 def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, *,
                block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
                warps_k: int | None = None, num_stages: int | None = None, programs: int | None = None,
-               l2_ahead: int | None = None, fp8_cvt: bool | None = None) -> torch.Tensor:
+               l2_ahead: int | None = None, fp8_cvt: bool | None = None, norm: tuple | None = None) -> torch.Tensor:
     """x [1, K] or [K] (bf16/fp16/fp32); parts: 1..4 weights of one format sharing K (plain [N_i, K] tensors,
     QuantLinears, or their `.tensors` dicts) -> y [1, sum N_i] = concat(W_i @ x), fp32 accumulation, stored
     once as out_dtype (default x.dtype). out: an optional contiguous [1, sum N_i] (or [sum N_i]) tensor to write.
     One launch; config keywords override choose_config(format, sum N_i, K) one by one; fp8_cvt: FP8 codes through
-    the hardware conversion (default: the module switch FP8_CVT)."""
+    the hardware conversion (default: the module switch FP8_CVT). norm = (sums, norm_w, eps): x is a residual
+    and the product is with its RMS norm as add_rms_norm stores it, rstd from sums (fp32 [tiles]: the sums of
+    squares of x's tiles, parts_norm.py's TILE_SUMS) in this launch's fixed order."""
     fmt, tensors, k = _check(x, parts)
+    norm_args = norm_launch(norm, x, k)
     fp8_cvt = (fp8_cvt if fp8_cvt is not None else FP8_CVT) and fp8_tensor_cores(x.device)  # sm_89+; else the bit path
     args = [_kernel_args(fmt, t, fp8_cvt) for t in tensors]
     ns = [a[0].shape[0] for a in args]
@@ -325,8 +336,19 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
         FP8_CVT=fp8_cvt and fmt == FP8,
         L2_AHEAD=cfg.l2_ahead if persistent else 0,
         OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_launch(x.device))
+        **norm_args, **pdl_launch(x.device))
     return out
+
+
+def norm_launch(norm: tuple | None, x: torch.Tensor, k: int) -> dict:
+    """The kernel keywords of a GEMV's norm= (none without one)."""
+    if norm is None:
+        return {}
+    sums, norm_w, eps = norm
+    if sums.dtype != torch.float32 or sums.dim() != 1 or norm_w.shape != (k,):
+        raise ValueError(f"norm needs fp32 tile sums [tiles] and a weight [{k}]")
+    return dict(sums_ptr=sums, nw_ptr=norm_w.contiguous(), sum_tiles=sums.numel(), eps=float(eps), NORM=True,
+                ROUND=round_code(x.dtype), BLOCK_T=triton.next_power_of_2(sums.numel()))
 
 
 def gemv(x: torch.Tensor, weight, out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,

@@ -65,11 +65,13 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                              MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
                              GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False,
                              PERSISTENT: tl.constexpr = False, NORM_TAIL: tl.constexpr = False,
-                             ROUND: tl.constexpr = 0, BLOCK_H: tl.constexpr = 16, FENCE: tl.constexpr = False):
+                             ROUND: tl.constexpr = 0, BLOCK_H: tl.constexpr = 16, FENCE: tl.constexpr = False,
+                             TILE_SUMS: tl.constexpr = False):
     """Grid (output tiles, k + 1 experts). PERSISTENT (the whole row in one K step): grid (programs an expert,
     k + 1); program (q, j) takes the output tiles q, q + grid, ... of expert j with act[j]'s activations
     loaded once: the same bytes as one program a tile. NORM_TAIL (one program a tile, every part written): the
-    next residual add + RMSNorm in the launch's last programs (parts_norm.parts_norm_tail)."""
+    next residual add + RMSNorm in the launch's last programs (parts_norm.parts_norm_tail); with TILE_SUMS the
+    new residual and its tiles' sums of squares only (then the shared part may come from a launch before)."""
     gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     j = tl.program_id(1)  # 0..k-1 routed experts, k the shared one
     if PERSISTENT:
@@ -90,7 +92,8 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                    False)
         if NORM_TAIL:
             parts_norm_tail(parts_ptr, x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm_ptr, counters_ptr, eps, H,
-                            tl.program_id(0), tl.num_programs(0), K_ROUTED + 1, BLOCK_M, ROUND, BLOCK_H, FENCE)
+                            tl.program_id(0), tl.num_programs(0), K_ROUTED + 1, BLOCK_M, ROUND, BLOCK_H, FENCE,
+                            TILE_SUMS, tl.num_programs(1))
 
 
 def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int,
@@ -99,7 +102,7 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
                       write_shared: bool = True, block_m: int = BLOCK_M,
                       block_g: int | None = None, num_warps: int = 2, decode: str | None = None,
                       x_split: bool = True, group_scales: bool = True, programs: int | None = None,
-                      norm: tuple | None = None):
+                      norm: tuple | None = None, sums: tuple | None = None):
     """fp32 parts [k + 1, 1, H]: parts[j] = weights[0, j] * (down_j @ act[j]) for the row rows[ids[0, j]],
     parts[k] = extra_scale * (down_extra @ act[k]) with extra = (down_packed, down_scale, down_scale2), or
     addend [1, H] (any float dtype), or zeros. act fp32 [k (+1), I] (expert_gate_up's). One launch, grid
@@ -112,7 +115,12 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     nvfp4_experts_decode.PERSISTENT, one wave of them, else one program a tile). The same bytes either way.
     norm = (x [1, H], norm_w [H], eps, counters: launch.new_counter(device, H / block_m + 1)): the next residual
     add + RMSNorm in this launch (parts_norm.py): returns (new_x, normed), add_rms_norm(x, parts, norm_w, eps)'s
-    (the norm within its order of sums), instead of the parts. One program a tile, every part written."""
+    (the norm within its order of sums), instead of the parts. One program a tile, every part written.
+    sums = (x [1, H], counters: launch.new_counter(device, H / block_m)): returns (new_x, tile_sums fp32
+    [H / block_m]) instead: new_x = add_rms_norm's, and each tile's sum of squares of it, for a GEMV's norm=
+    (parts_norm.py TILE_SUMS). One program a tile; write_shared=False too (row k written before)."""
+    if norm is not None and sums is not None:
+        raise ValueError("give norm= or sums=, not both")
     if extra is not None and addend is not None:
         raise ValueError("give the shared expert as extra (its down projection) or as addend, not both")
     words = _check(rows, hidden, inter)
@@ -131,7 +139,8 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     programs = requested_programs(programs, act.device, num_warps, bg * 16 >= inter)
     per_expert = max(1, (programs or 0) // max(1, experts))
     persistent = programs is not None and per_expert < tiles
-    tail = _norm_tail(norm, act.device, hidden, tiles, write_shared and not persistent)
+    tail = (_sums_tail(sums, act.device, hidden, tiles, not persistent) if sums is not None
+            else _norm_tail(norm, act.device, hidden, tiles, write_shared and not persistent))
     expert_down_parts_kernel[(per_expert if persistent else tiles, experts)](
         act.contiguous(), weights.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out,
         hidden, inter, words.stride(0), off["dn_at"], off["dn_scale_at"], off["glob_at"], *down, scale,
@@ -141,7 +150,7 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
         MASKED=hidden % block_m != 0 or (inter // 16) % bg != 0, DECODE=_decode(decode, rows), X_SPLIT=x_split,
         GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **tail["consts"],
         **pdl_launch(act.device))
-    return tail["result"] if norm is not None else out
+    return tail["result"] if norm is not None or sums is not None else out
 
 
 def _norm_tail(norm: tuple | None, device, hidden: int, tiles: int, possible: bool) -> dict:
@@ -164,6 +173,22 @@ def _norm_tail(norm: tuple | None, device, hidden: int, tiles: int, possible: bo
             "consts": dict(NORM_TAIL=True, ROUND=round_code(x.dtype), BLOCK_H=triton.next_power_of_2(hidden),
                            FENCE=device.type == "cuda"),
             "result": (new_x, normed)}
+
+
+def _sums_tail(sums: tuple, device, hidden: int, tiles: int, possible: bool) -> dict:
+    """The kernel's arguments for sums= (parts_norm TILE_SUMS) and what the call returns."""
+    x, counters = sums
+    if not possible:
+        raise ValueError("the tile sums need one program a tile (not persistent programs)")
+    if x.shape != (1, hidden) or not x.is_contiguous():
+        raise ValueError(f"sums needs x [1, {hidden}] contiguous, got {tuple(x.shape)}")
+    if counters.dtype != torch.int32 or counters.numel() != tiles or counters.device != x.device:
+        raise ValueError(f"sums' counters must be launch.new_counter(device, {tiles}): one int32 an output tile")
+    new_x = torch.empty_like(x)
+    tile_sums = torch.empty(tiles, device=x.device, dtype=torch.float32)
+    return {"args": (x, x, exact_out(new_x), new_x, tile_sums, counters, 0.0),
+            "consts": dict(NORM_TAIL=True, TILE_SUMS=True, ROUND=round_code(x.dtype), FENCE=device.type == "cuda"),
+            "result": (new_x, tile_sums)}
 
 
 def expert_down_parts_reference(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,

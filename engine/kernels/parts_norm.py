@@ -14,6 +14,13 @@ Why: after the MoE, add_rms_norm(x, parts, next norm) was a launch of one progra
 Counters: one int32 per output tile and one for the row (launch.new_counter(device, tiles + 1)), all 0
 between launches (each level's last arrival sets its counter back). Only the serial launch (the overlap's
 shared expert apart writes its part in another launch) and one program a tile.
+
+TILE_SUMS (expert_down_parts sums=; the switch below): level 1 only, each tile's writer also storing the tile's
+sum of squares of the new residual; no serial level 2. The norm is left to the next layer's first GEMV, which
+adds the tiles' sums in its own fixed order and normalises x as it loads it (gemv_codes.x_values): no launch and
+no one-program tail for the norm (its launch was 0.930x of the step to leave out: docs/RESULTS.md session 15).
+Arrivals: the launch's programs a tile (k + 1 serial, k when the shared expert's part came from a launch of its
+own, beside the miss copy); the parts summed: always k + 1.
 """
 from __future__ import annotations
 
@@ -25,15 +32,28 @@ from .launch import last_to_arrive
 from .nvfp4_triton import _store_exact
 
 FUSED = False  # off until its GPU A/B (profile_decode arm "partsnorm")
+TILE_SUMS = False  # off until its GPU A/B (profile_decode arm "tilesums")
 
 
 @triton.jit
 def parts_norm_tail(parts_ptr, x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm_ptr, counters_ptr, eps, H,
                     tile, tiles, KP: tl.constexpr, BLOCK_M: tl.constexpr, ROUND: tl.constexpr,
-                    BLOCK_H: tl.constexpr, FENCE: tl.constexpr):
-    """After an expert program stored parts[j, tile's outputs]: the two levels above. new_x_out_ptr: the new
+                    BLOCK_H: tl.constexpr, FENCE: tl.constexpr, TILE_SUMS: tl.constexpr = False, arrivals=None):
+    """After an expert program stored parts[j, tile's outputs]: the two levels above (TILE_SUMS: level 1 and the
+    tile's sum of squares at norm_ptr[tile], fp32; arrivals: the programs a tile). new_x_out_ptr: the new
     residual as _store_exact writes it (bf16 as int16 bits); new_x_ptr: the same bytes in their own dtype."""
-    if last_to_arrive(counters_ptr + tile, KP, FENCE):
+    if TILE_SUMS:
+        if last_to_arrive(counters_ptr + tile, arrivals, FENCE):
+            m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+            mask = m < H
+            delta = tl.load(parts_ptr + m, mask=mask, other=0.0)
+            for p in tl.static_range(1, KP):
+                delta += tl.load(parts_ptr + p * H + m, mask=mask, other=0.0)
+            x = tl.load(x_ptr + m, mask=mask, other=0.0).to(tl.float32)
+            x = _round_as(x + _round_as(delta, ROUND), ROUND)
+            _store_exact(new_x_out_ptr + m, x, mask, ROUND == 1)
+            tl.store(norm_ptr + tile, tl.sum(tl.where(mask, x * x, 0.0), axis=0))
+    elif last_to_arrive(counters_ptr + tile, KP, FENCE):
         m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = m < H
         delta = tl.load(parts_ptr + m, mask=mask, other=0.0)

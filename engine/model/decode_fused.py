@@ -17,13 +17,16 @@ MoE down projection (parts_norm.FUSED), GDN's gated norm and conv shift into its
 (gdn_decode.NORM_SHIFT_TAIL). A fifth (gemv_mixed.MIXED) takes GDN's in_proj_b + a (BF16) into the FP8
 in_proj_qkv + z launch; a sixth (attention_decode.TRITON) runs the decode attention as one Triton launch with
 its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a seventh (nvfp4_experts_mma.FUSED,
-off: measured slower) runs the experts' gate/up on the tensor cores.
+off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (parts_norm.TILE_SUMS, off until
+its A/B) leaves the next layer's input add + RMSNorm to the MoE down launch's per-tile tails (the new residual and
+its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is loaded): no launch of its own.
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -79,10 +82,27 @@ def _format(weight) -> str:
     return weight.fmt if isinstance(weight, QuantLinear) else "dense"
 
 
-def project(x: torch.Tensor, weights, out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-    """x [1, K] through several linears of the same input: one launch per run of equal-format weights
-    (stored formats kept: FP8/NVFP4 bytes or plain), or one for two runs (gemv_mixed.MIXED), returned as
-    [1, N_i] views in order."""
+@dataclasses.dataclass(frozen=True)
+class DeferredNorm:
+    """A layer's input whose RMSNorm is left to its first GEMV (parts_norm.TILE_SUMS): the residual x [1, H], its
+    tiles' sums of squares (the MoE down launch's), the norm's weight and eps. project() passes it as norm=."""
+    x: torch.Tensor
+    sums: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+
+def project(x, weights, out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """x [1, K] (or a DeferredNorm: normed as the GEMV loads it) through several linears of the same input: one
+    launch per run of equal-format weights (stored formats kept: FP8/NVFP4 bytes or plain), or one for two runs
+    (gemv_mixed.MIXED), returned as [1, N_i] views in order."""
+    norm = None
+    if isinstance(x, DeferredNorm):
+        x, norm = x.x, (x.sums, x.weight, x.eps)
     runs: list[list] = []
     for w in weights:
         if runs and _format(runs[-1][0]) == _format(w):
@@ -90,11 +110,11 @@ def project(x: torch.Tensor, weights, out_dtype: torch.dtype | None = None) -> l
         else:
             runs.append([w])
     if gemv_mixed.MIXED and len(runs) == 2 and max(map(len, runs)) <= gemv_mixed.MAX_PARTS:  # one launch
-        y = gemv_mixed.gemv_two_formats(x, runs[0], runs[1], out_dtype=out_dtype)
+        y = gemv_mixed.gemv_two_formats(x, runs[0], runs[1], out_dtype=out_dtype, norm=norm)
         return list(y.split([_out_features(w) for w in weights], dim=-1))
     views: list[torch.Tensor] = []
     for group in runs:
-        y = gemv_multi(x, group, out_dtype=out_dtype)
+        y = gemv_multi(x, group, out_dtype=out_dtype, norm=norm)
         views.extend(y.split([_out_features(w) for w in group], dim=-1))
     return views
 
@@ -183,6 +203,20 @@ def _norm_tail(moe: "SparseMoE", next_norm: tuple | None, hidden: int) -> tuple 
     return (*next_norm, _counters(moe, "norm_counters", next_norm[0].device, triton.cdiv(hidden, PARTS_BLOCK_M) + 1))
 
 
+def _sums_tail(moe: "SparseMoE", next_norm: tuple | None, hidden: int) -> tuple | None:
+    """expert_down_parts' sums= (parts_norm.TILE_SUMS, next_norm = (x, norm_w, eps) of a next layer): the new
+    residual and its tiles' sums of squares, the norm left to that layer's first GEMV."""
+    if not parts_norm.TILE_SUMS or next_norm is None:
+        return None
+    return next_norm[0], _counters(moe, "sum_counters", next_norm[0].device, triton.cdiv(hidden, PARTS_BLOCK_M))
+
+
+def _deferred(result, next_norm: tuple) -> tuple:
+    """expert_down_parts' (new_x, tile sums) as moe_decode's (new_x, the next layer's DeferredNorm input)."""
+    new_x, sums = result
+    return new_x, DeferredNorm(new_x, sums, next_norm[1], next_norm[2])
+
+
 def router_takes_the_norm(moe: "SparseMoE", x: torch.Tensor) -> bool:
     """router_norm.FUSED and plain router + shared-gate weights in x's dtype: the post-mixer add + RMSNorm is
     done by the router GEMV's programs (kernels/router_norm.py), not by a launch of its own."""
@@ -201,20 +235,21 @@ def _route_with_norm(moe: "SparseMoE", pending: tuple):
 
 
 def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor | None = None,
-               next_norm: tuple | None = None, pending: tuple | None = None):
+               next_norm: tuple | None = None, pending: tuple | None = None, defer_norm: bool = False):
     """The MoE's output as a delta for the next add_rms_norm (a tensor, or fp32 parts [k + 1, 1, H]), or, where
     next_norm = (x, norm_w, eps) is given and the down projection can take it (parts_norm.FUSED, serial NVFP4
     launch), that norm already done: (new_x, normed). trace_ids: this layer's row of a benchmark routing trace
     (RoutingTrace.one_token_ids), replacing the router's ids (its weights are kept). pending = (x, mixer delta,
     post_norm, eps) instead of h (router_takes_the_norm): the router's launch does the post-mixer norm, and the
-    result is (new_x, the above), next_norm's x replaced by new_x."""
+    result is (new_x, the above), next_norm's x replaced by new_x. defer_norm (next_norm is a next layer's
+    input norm, parts_norm.TILE_SUMS on, an NVFP4 parts launch): (new_x, DeferredNorm) instead of (new_x, normed)."""
     if pending is not None:
         weights, ids, shared_scale, new_x, h = _route_with_norm(moe, pending)
         if next_norm is not None:
             next_norm = (new_x, *next_norm[1:])
-        return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm)
+        return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm)
     weights, ids, shared_scale = _route(moe, h)
-    return _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm)
+    return _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm)
 
 
 def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra, site: str):
@@ -231,8 +266,10 @@ def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.T
     return expert_gate_up(h, ids, rows, moe.hidden, moe.inter, extra=extra)
 
 
-def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_scale, trace_ids, next_norm):
+def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_scale, trace_ids, next_norm,
+                     defer_norm: bool = False):
     """moe_decode after the router: the experts (and the shared one) of this token."""
+    sums = _sums_tail(moe, next_norm, moe.hidden) if defer_norm else None
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
     slots, expert_weights, copy = moe.experts.for_decode(ids)
@@ -245,6 +282,9 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         if moe.overlap.split == "off":
             copy()
             act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters")
+            if sums is not None:  # the next norm left to the next layer's first GEMV
+                return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
+                                                   extra_scale=shared_scale, sums=sums), next_norm)
             return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                      extra_scale=shared_scale, norm=_norm_tail(moe, next_norm, cfg_h))
         # The shared expert apart (on its stream beside the miss copy): the same two kernels' programs with no
@@ -260,6 +300,9 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
 
         moe.overlap.run(copy, shared_alone, h)
         act = _gate_up(moe, h, slots, rows, None, "mma_counters_routed")
+        if sums is not None:
+            return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, out=parts, write_shared=False,
+                                               sums=sums), next_norm)
         return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, out=parts, write_shared=False)
     # Dense experts (the BF16 checkpoint) or a dense shared expert: the fused router, then the unfused kernels.
     shared = moe.overlap.run(copy, lambda: shared_scale.to(h.dtype) * swiglu(h, *moe.shared), h)
@@ -305,12 +348,13 @@ def _forward(model, ids, positions, state, start):
             act, proj = gdn_decode(layer.mixer, h, state), layer.mixer.out_proj
         next_w = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
         layer_ids = trace_ids[layer.moe.layer] if trace_ids is not None else None
+        defer = i + 1 < len(layers)  # a next layer's first GEMV can take the norm (parts_norm.TILE_SUMS)
         if router_takes_the_norm(layer.moe, x):  # the post-mixer norm in the router's launch
             x, out = moe_decode(layer.moe, None, layer_ids, next_norm=(x, next_w, eps),
-                                pending=(x, gemv(act, proj), layer.post_norm, eps))
+                                pending=(x, gemv(act, proj), layer.post_norm, eps), defer_norm=defer)
         else:
             x, h = _project_add_norm(layer, act, proj, x, eps)
-            out = moe_decode(layer.moe, h, layer_ids, next_norm=(x, next_w, eps))
+            out = moe_decode(layer.moe, h, layer_ids, next_norm=(x, next_w, eps), defer_norm=defer)
         (x, normed), delta = (out, None) if isinstance(out, tuple) else ((x, None), out)
     return normed if normed is not None else add_rms_norm(x, delta, model.norm, eps)[1]
 
