@@ -13,7 +13,9 @@ against the first arm are printed. An arm is a decode_kernels value with optiona
 each changing no byte: "prefetch" (the weights asked of L2 before the PDL wait), "persistent" (one wave of
 persistent programs taking tiles in turn, rows asked of L2 turns ahead), "fp8cvt" (FP8 codes through the
 hardware conversion; exact, the sums in another order), "experts" (the NVFP4 expert kernels' persistent
-programs, x loaded once a program), e.g. fused-pdl/persistent+prefetch.
+programs, x loaded once a program), e.g. fused-pdl/persistent+prefetch; the other switches are SWITCHES below
+("no-NAME" turns a default one off). "drop-route" / "drop-prenorm" are ceilings, not results: the router's top-k
+launch or the pre-mixer add + RMSNorm left out of the step (decode_fused.DROP; its bytes are then wrong).
 With --json PATH, the same figures as JSON.
 
     python scripts/profile_decode.py --model synthetic:qwen3.6-35b-a3b-nvfp4 --context 16384 [--vram-budget 16GiB]
