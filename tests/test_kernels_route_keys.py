@@ -9,17 +9,9 @@ pytest.importorskip("triton")
 
 from qwenlocal.engine.kernels import decode_router  # noqa: E402
 from qwenlocal.engine.kernels.decode_router import route_topk, route_topk_reference  # noqa: E402
+from test_kernels_decode_fused import distinct_logits as _logits  # noqa: E402 (distinct in 16 bits too)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _logits(experts: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
-    """Distinct logits (distinct in 16 bits), negative and positive, then the shared gate's."""
-    gen = torch.Generator().manual_seed(seed)
-    logits = torch.randperm(experts, generator=gen).float() * (6.0 / experts) - 3.0
-    logits = torch.cat([logits, torch.randn(1, generator=gen)]).to(dtype)
-    assert logits[:experts].unique().numel() == experts
-    return logits.to(DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
