@@ -115,3 +115,17 @@ def test_bad_tile_sums_are_refused():
         expert_down_parts(*args, sums=(x, new_counter(x.device, 2)))
     with pytest.raises(ValueError, match="not both"):
         expert_down_parts(*args, sums=(x, new_counter(x.device, 6)), norm=(x, norm_w, EPS, new_counter(x.device, 7)))
+
+
+@pytest.mark.interpreter_order
+def test_a_tile_sum_before_every_expert_arrived_gives_other_bytes(nan_empty):
+    """Negative control: tile 0's counter preset to all its programs but two: its second program to finish sums
+    the tile's parts while the last expert's part is not written yet (what the tile's count guards)."""
+    hidden = 96
+    args, x, norm_w = _case(hidden, 48, 7, [2, 5, 2], torch.float32, seed=12)
+    ref_x, _ = add_rms_norm(x, expert_down_parts(*args), norm_w, EPS)
+    counters = new_counter(x.device, -(-hidden // 16))
+    counters[0] = 4 - 2  # k + 1 = 4 programs a tile
+    new_x, _ = expert_down_parts(*args, sums=(x, counters))
+    assert torch.equal(new_x[:, 16:], ref_x[:, 16:])  # the other tiles counted every program
+    assert not torch.equal(new_x[:, :16], ref_x[:, :16])
