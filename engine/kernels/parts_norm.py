@@ -36,6 +36,22 @@ TILE_SUMS = False  # off until its GPU A/B (profile_decode arm "tilesums")
 
 
 @triton.jit
+def _tile_residual(parts_ptr, x_ptr, new_x_out_ptr, H, tile, KP: tl.constexpr, BLOCK_M: tl.constexpr,
+                   ROUND: tl.constexpr):
+    """Level 1's work for one tile: the parts added in order, rounded once, plus x, rounded (add_rms_norm's
+    arithmetic), stored at new_x_out_ptr; returns (the new residual's tile in fp32, its mask)."""
+    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask = m < H
+    delta = tl.load(parts_ptr + m, mask=mask, other=0.0)
+    for p in tl.static_range(1, KP):  # the parts in order, as add_rms_norm adds a 3-D delta
+        delta += tl.load(parts_ptr + p * H + m, mask=mask, other=0.0)
+    x = tl.load(x_ptr + m, mask=mask, other=0.0).to(tl.float32)
+    x = _round_as(x + _round_as(delta, ROUND), ROUND)
+    _store_exact(new_x_out_ptr + m, x, mask, ROUND == 1)
+    return x, mask
+
+
+@triton.jit
 def parts_norm_tail(parts_ptr, x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm_ptr, counters_ptr, eps, H,
                     tile, tiles, KP: tl.constexpr, BLOCK_M: tl.constexpr, ROUND: tl.constexpr,
                     BLOCK_H: tl.constexpr, FENCE: tl.constexpr, TILE_SUMS: tl.constexpr = False, arrivals=None):
@@ -44,23 +60,10 @@ def parts_norm_tail(parts_ptr, x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm
     residual as _store_exact writes it (bf16 as int16 bits); new_x_ptr: the same bytes in their own dtype."""
     if TILE_SUMS:
         if last_to_arrive(counters_ptr + tile, arrivals, FENCE):
-            m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-            mask = m < H
-            delta = tl.load(parts_ptr + m, mask=mask, other=0.0)
-            for p in tl.static_range(1, KP):
-                delta += tl.load(parts_ptr + p * H + m, mask=mask, other=0.0)
-            x = tl.load(x_ptr + m, mask=mask, other=0.0).to(tl.float32)
-            x = _round_as(x + _round_as(delta, ROUND), ROUND)
-            _store_exact(new_x_out_ptr + m, x, mask, ROUND == 1)
+            x, mask = _tile_residual(parts_ptr, x_ptr, new_x_out_ptr, H, tile, KP, BLOCK_M, ROUND)
             tl.store(norm_ptr + tile, tl.sum(tl.where(mask, x * x, 0.0), axis=0))
     elif last_to_arrive(counters_ptr + tile, KP, FENCE):
-        m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask = m < H
-        delta = tl.load(parts_ptr + m, mask=mask, other=0.0)
-        for p in tl.static_range(1, KP):  # the parts in order, as add_rms_norm adds a 3-D delta
-            delta += tl.load(parts_ptr + p * H + m, mask=mask, other=0.0)
-        x = tl.load(x_ptr + m, mask=mask, other=0.0).to(tl.float32)
-        _store_exact(new_x_out_ptr + m, _round_as(x + _round_as(delta, ROUND), ROUND), mask, ROUND == 1)
+        _tile_residual(parts_ptr, x_ptr, new_x_out_ptr, H, tile, KP, BLOCK_M, ROUND)
         if last_to_arrive(counters_ptr + tiles, tiles, FENCE):
             _add_rms_norm_row(new_x_ptr, new_x_ptr, norm_w_ptr, new_x_ptr, norm_ptr, 0, H, 0, 0, 0, 0, eps, 0,
                               False, ROUND, BLOCK_H, 0)
