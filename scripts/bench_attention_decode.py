@@ -83,29 +83,9 @@ def main() -> None:
             print(f"{kv_len:>7} {name:12} {us:8.1f} {mb:7.1f} {mb * 1e-3 / (us * 1e-6):7.0f} {diff:9.2e}")
 
 
-def graph_us(calls, inner: int, repeat: int) -> float:
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-        for fn in calls:
-            fn()
-    times = []
-    for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / inner)
-    return statistics.median(times)
-
-
 def triton_rows(kv_len: int, args, gen) -> None:
     """The engine's Triton decode attention (PDL off: one kernel alone) at each config, its KV as rows."""
+    from bench_nvfp4_experts_decode import graph_timed  # scripts/ is on the path when this runs as a script
     from qwenlocal.engine.kernels.attention_decode import decode_attention, decode_attention_reference
     from qwenlocal.engine.kernels.launch import new_counter
 
@@ -122,8 +102,8 @@ def triton_rows(kv_len: int, args, gen) -> None:
         kw = dict(splits=splits, group=8, block_t=block_t, num_warps=warps, num_stages=stages)
         try:
             out = decode_attention(q, *caches[0], pos, counters, **kw)
-            us = graph_us([lambda c=c: decode_attention(q, *c, pos, counters, **kw) for c in caches], args.inner,
-                          args.repeat)
+            us = 1e6 * graph_timed([lambda c=c: decode_attention(q, *c, pos, counters, **kw) for c in caches],
+                                   args.repeat, True)
         except Exception as exc:  # a config that does not fit (shared memory): say so
             print(f"{kv_len:>7} triton {cfg}: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}")
             continue
