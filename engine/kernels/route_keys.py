@@ -55,16 +55,17 @@ def route_weights(logits_ptr, E, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E:
     rank = tl.arange(0, KP)
     ids = tl.zeros([KP], tl.int32)
     e = tl.zeros([KP], tl.float32)
-    top = tl.max(keys, axis=0)
-    l0 = _value(top, F16)
+    best = tl.max(keys, axis=0)  # rank 0's key: its logit is the softmax's shift
+    l0 = _value(best, F16)
     total = l0 * 0.0
     for r in tl.static_range(TOP_K):
-        best = tl.max(keys, axis=0)
-        keys = tl.where(keys == best, NONE, keys)
         er = tl.exp(_value(best, F16) - l0)
         total += er  # in rank order: the same sum in every kernel
         ids = tl.where(rank == r, _id(best), ids)
         e = tl.where(rank == r, er, e)
+        if r + 1 < TOP_K:  # the next rank's key (one max a round, none after the last)
+            keys = tl.where(keys == best, NONE, keys)
+            best = tl.max(keys, axis=0)
     return ids, e / total
 
 
