@@ -84,6 +84,7 @@ def test_every_one_launch_tail_together_gives_the_same_logits(quantized_ckpt, mo
     steps = 3
     ids = torch.randint(0, 600, (24 + steps,), generator=torch.Generator().manual_seed(5))
     monkeypatch.setattr(gemv_mixed, "MIXED", False)  # on by default: "off" is every switch off
+    monkeypatch.setattr(parts_norm, "TILE_SUMS", False)  # on by default; partsnorm's tail takes the norm here
     off = _engine(quantized_ckpt, True).score(ids, prefill=24)
     for module, attr in ((router_gemv, "FUSED"), (gemv_norm, "FUSED"), (parts_norm, "FUSED"),
                          (gdn_decode, "NORM_SHIFT_TAIL"), (gemv_mixed, "MIXED")):
@@ -119,10 +120,11 @@ def test_the_router_doing_the_post_mixer_norm_matches_the_unfused_step(quantized
     separate launch is gone (one add_rms_norm fewer a layer a step), and the step still matches the unfused one
     (the router's logits sum in another order: fp32 rounding)."""
     from qwenlocal.engine.config import load_model_config
-    from qwenlocal.engine.kernels import router_norm
+    from qwenlocal.engine.kernels import parts_norm, router_norm
     from qwenlocal.engine.model import decode_fused
 
     monkeypatch.setattr(router_norm, "FUSED", True)
+    monkeypatch.setattr(parts_norm, "TILE_SUMS", False)  # each layer's input norm its own launch, counted below
     calls = {"router_norm": 0, "add_rms_norm": 0}
 
     def counting(name, fn):
@@ -197,6 +199,7 @@ def test_the_next_norm_in_the_down_launch_and_the_first_gemv_keeps_the_step(quan
     from qwenlocal.engine.model import decode_fused
 
     ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(10))
+    monkeypatch.setattr(parts_norm, "TILE_SUMS", False)
     off = _engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24)
     monkeypatch.setattr(parts_norm, "TILE_SUMS", True)
     calls = []

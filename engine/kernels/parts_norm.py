@@ -32,7 +32,10 @@ from .launch import last_to_arrive
 from .nvfp4_triton import _store_exact
 
 FUSED = False  # off until its GPU A/B (profile_decode arm "partsnorm")
-TILE_SUMS = False  # off until its GPU A/B (profile_decode arm "tilesums")
+# On: the H200 A/B (session 16, profile_decode "fused-pdl,fused-pdl/tilesums", 5 interleaved rounds) made the
+# step 0.983x (ratios 0.972-0.991); arm "no-tilesums" compares. The down launch grows 5.33 -> 6.99 us (the
+# arrival atomics and tails), the first GEMVs ~0.5-0.9 us (the norm on load), one 3.2 us launch a layer goes.
+TILE_SUMS = True
 
 
 @triton.jit

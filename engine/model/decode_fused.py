@@ -17,9 +17,9 @@ MoE down projection (parts_norm.FUSED), GDN's gated norm and conv shift into its
 (gdn_decode.NORM_SHIFT_TAIL). A fifth (gemv_mixed.MIXED) takes GDN's in_proj_b + a (BF16) into the FP8
 in_proj_qkv + z launch; a sixth (attention_decode.TRITON) runs the decode attention as one Triton launch with
 its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a seventh (nvfp4_experts_mma.FUSED,
-off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (parts_norm.TILE_SUMS, off until
-its A/B) leaves the next layer's input add + RMSNorm to the MoE down launch's per-tile tails (the new residual and
-its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is loaded): no launch of its own.
+off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (parts_norm.TILE_SUMS, on:
+0.983x the step on the H200) leaves the next layer's input add + RMSNorm to the MoE down launch's per-tile tails
+(the new residual and its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is loaded): no launch of its own.
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
