@@ -164,6 +164,8 @@ def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.
     if rows is not None and attention_decode_mod.TRITON:  # split KV merged in the launch (attention_decode.py)
         groups = attention_decode_mod.SPLITS // attention_decode_mod.GROUP
         counters = _counters(mixer, "attn_counters", h.device, a.num_kv_heads * (groups + 1))
+        if attention_decode_mod.GATE_IN_TAIL:  # the output gate in the merge's last program: no launch of its own
+            return attention_decode_mod.decode_attention(q, *rows, positions, counters, gate=gate).reshape(1, -1)
         out = attention_decode_mod.decode_attention(q, *rows, positions, counters).reshape(1, -1)
     elif rows is not None:
         out = backend.attend_written(kv, q.view(1, *q.shape)).reshape(1, -1)
