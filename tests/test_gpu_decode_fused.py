@@ -65,8 +65,7 @@ def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monk
     """The A/B switches that change only how the work is spread or prefetched (persistent GEMV programs with the
     rows asked of L2 turns ahead, the weight prefetch before the PDL wait, persistent expert programs, the
     router's top-k in its GEMV's last program, the attention's output gate in its merge's last program) give the
-    default step's logits byte for byte, through the graph,
-    190 steps, with programmatic launch."""
+    default step's logits byte for byte, through the graph, 190 steps, with programmatic launch."""
     import importlib
 
     module, attr = switches
