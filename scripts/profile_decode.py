@@ -127,7 +127,8 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "mixed": (gemv_mixed, "MIXED"), "attn": (attention_decode, "TRITON"),
             "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
-            "onelaunch": (nvfp4_moe_launch, "ONE_LAUNCH"), "gatetail": (attention_decode, "GATE_IN_TAIL")}
+            "onelaunch": (nvfp4_moe_launch, "ONE_LAUNCH"), "gatetail": (attention_decode, "GATE_IN_TAIL"),
+            "moetickets": (nvfp4_moe_launch, "TICKETS")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

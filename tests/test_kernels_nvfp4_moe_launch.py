@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 from qwenlocal.engine.kernels.launch import new_counter  # noqa: E402
 from qwenlocal.engine.kernels.nvfp4_experts_decode import expert_gate_up  # noqa: E402
 from qwenlocal.engine.kernels.nvfp4_experts_parts import BLOCK_M, expert_down_parts  # noqa: E402
-from qwenlocal.engine.kernels.nvfp4_moe_launch import expert_moe, expert_moe_reference  # noqa: E402
+from qwenlocal.engine.kernels.nvfp4_moe_launch import counters_needed, expert_moe, expert_moe_reference  # noqa: E402
 from test_kernels_nvfp4_experts_decode import DEVICE, _close, _dev, _problem  # noqa: E402
 
 # (H, I, E, routed ids with a repeat): row groups that are not a power of 2 (masked words), 3 or 5 experts
@@ -26,15 +26,19 @@ def _two_launches(x, weights, ids, rows, hidden, inter, shared, scale, write_sha
 
 
 @pytest.mark.parametrize("hidden, inter, experts, ids", SIZES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_one_launch_gives_the_two_launches_bytes(hidden, inter, experts, ids, dtype, nan_empty):
+@pytest.mark.parametrize("dtype, tickets", [(torch.bfloat16, True), (torch.float32, True), (torch.bfloat16, False)])
+def test_one_launch_gives_the_two_launches_bytes(hidden, inter, experts, ids, dtype, tickets, nan_empty,
+                                                 monkeypatch):
     """Serial (routed + shared, the shared part scaled by its gate), twice over the same counters (they are back
-    at 0), and within fp32 rounding of the torch references."""
+    at 0), and within fp32 rounding of the torch references; work items by ticket or by program index."""
+    from qwenlocal.engine.kernels import nvfp4_moe_launch
+
+    monkeypatch.setattr(nvfp4_moe_launch, "TICKETS", tickets)
     x, weights, ids_t, rows, shared, scale, _ = _problem(hidden, inter, experts, ids, hidden + inter, dtype)
     args = (*_dev(x, weights, ids_t, rows), hidden, inter)
     sh, sc = _dev(shared, scale)
     want = _two_launches(*args, sh, sc, True)
-    counters = new_counter(torch.device(DEVICE), len(ids) + 3)
+    counters = new_counter(torch.device(DEVICE), counters_needed(len(ids) + 1))
     for _ in range(2):
         got = expert_moe(*args, counters, sh[0] + sh[1], sh[2], sc)
         assert torch.equal(got, want)
@@ -52,15 +56,16 @@ def test_the_split_and_the_tile_sums_give_the_serial_bytes(hidden, inter, expert
     args = (*_dev(x, weights, ids_t, rows), hidden, inter)
     sh, sc = _dev(shared, scale)
     dev = torch.device(DEVICE)
-    serial = expert_moe(*args, new_counter(dev, len(ids) + 3), sh[0] + sh[1], sh[2], sc)
+    serial = expert_moe(*args, new_counter(dev, counters_needed(len(ids) + 1)), sh[0] + sh[1], sh[2], sc)
     k = len(ids)
     parts = torch.empty(k + 1, 1, hidden, device=dev)
     none = args[2][:, :0]
-    expert_moe(args[0], args[1], none, *args[3:], new_counter(dev, 3), sh[0] + sh[1], sh[2], sc, out=parts[k:])
+    expert_moe(args[0], args[1], none, *args[3:], new_counter(dev, counters_needed(1)), sh[0] + sh[1], sh[2], sc,
+               out=parts[k:])
     assert torch.equal(parts[k], serial[k])
     residual = _dev(torch.randn(1, hidden, generator=torch.Generator().manual_seed(2)).bfloat16())[0]
     tiles = -(-hidden // BLOCK_M)
-    got = expert_moe(*args, new_counter(dev, k + 2), out=parts, write_shared=False,
+    got = expert_moe(*args, new_counter(dev, counters_needed(k)), out=parts, write_shared=False,
                      sums=(residual, new_counter(dev, tiles)))
     want_parts = parts.clone()
     want = _two_launches(*args, sh, sc, False, sums=(residual, new_counter(dev, tiles)), out=want_parts)
@@ -74,13 +79,13 @@ def test_bad_calls_raise_clear_errors():
     sh, sc = _dev(shared, scale)
     dev = torch.device(DEVICE)
     with pytest.raises(ValueError, match="counters must be"):
-        expert_moe(*args, new_counter(dev, 3), sh[0] + sh[1], sh[2], sc)
+        expert_moe(*args, new_counter(dev, 4), sh[0] + sh[1], sh[2], sc)
     with pytest.raises(ValueError, match="together"):
-        expert_moe(*args, new_counter(dev, 5), sh[0] + sh[1], None, sc)
+        expert_moe(*args, new_counter(dev, counters_needed(3)), sh[0] + sh[1], None, sc)
     with pytest.raises(ValueError, match="write_shared"):
-        expert_moe(*args, new_counter(dev, 4))
+        expert_moe(*args, new_counter(dev, counters_needed(2)))
     with pytest.raises(ValueError, match="no expert"):
-        expert_moe(args[0], args[1], args[2][:, :0], *args[3:], new_counter(dev, 2), write_shared=False)
+        expert_moe(args[0], args[1], args[2][:, :0], *args[3:], new_counter(dev, 1), write_shared=False)
 
 
 @pytest.mark.gpu
@@ -93,7 +98,7 @@ def test_the_down_programs_wait_for_their_experts_gate_up(nan_empty):
     args = (*_dev(x, weights, ids_t, rows), hidden, inter)
     sh, sc = _dev(shared, scale)
     want = _two_launches(*args, sh, sc, True)
-    counters = new_counter(torch.device(DEVICE), len(ids) + 3)
+    counters = new_counter(torch.device(DEVICE), counters_needed(len(ids) + 1))
     waited = expert_moe(*args, counters, sh[0] + sh[1], sh[2], sc, stall_us=20)
     unordered = expert_moe(*args, counters, sh[0] + sh[1], sh[2], sc, stall_us=20, wait=False)
     assert torch.equal(waited, want)

@@ -14,8 +14,8 @@ Forward progress: a down program spins, so it must never hold an SM slot that an
 needs. CUDA does not promise to start a grid's blocks in index order, so no program trusts its index: each
 takes a ticket (an atomic counter) at its start, and the tickets hand out every gate/up item before any down
 item. A spinning down program therefore only waits on gate/up items already held by running programs.
-The launch's last down program (a count of the down programs past their wait) sets the ticket, ready and
-done counters back to 0 for the next launch (a graph replay); counters: launch.new_counter(device, n + 2).
+Expert j's last down program past its wait (done[j]) sets ready[j] and done[j] back to 0 for the next launch (a
+graph replay), and the program with the last ticket the ticket; counters: launch.new_counter(device, 2 n + 1).
 
 The same arithmetic as the two launches, program for program (the same helpers; the down weights are only
 loaded earlier): byte-equal to expert_gate_up then expert_down_parts at the same num_warps (in Triton's
@@ -37,7 +37,17 @@ from .nvfp4_triton import exact_out
 from .parts_norm import parts_norm_tail
 
 ONE_LAUNCH = False  # off until its GPU A/B (profile_decode arm "onelaunch")
+# Work items by ticket (safe whatever order the blocks start in). Off: by program index, which relies on the
+# hardware starting a grid's blocks in index order (true on NVIDIA GPUs in practice, not promised): the A/B arm
+# "onelaunch+no-moetickets" measures what the 3,456 atomics on one counter cost (session 16: the ticketed launch
+# took 21.2 us a layer against 9.3 + 6.9 for the two launches).
+TICKETS = True
 MAX_HIDDEN, MAX_INTER = 4096, 1024  # both kinds of program decode a whole row in one K step (registers)
+
+
+def counters_needed(experts: int) -> int:
+    """The int32 counters (launch.new_counter) of a launch over `experts` experts (routed + shared)."""
+    return 2 * experts + 1
 
 
 def fits(hidden: int, inter: int) -> bool:
@@ -53,9 +63,16 @@ def _fence(FENCE: tl.constexpr):
 
 
 @triton.jit
+def _backoff(ON: tl.constexpr):
+    if ON:
+        tl.inline_asm_elementwise("nanosleep.u32 100; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+
+
+@triton.jit
 def _down_item(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words, dn_at, dn_scale_at,
-               glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, ready_ptr, done_ptr, ticket_ptr, x_ptr, new_x_out_ptr,
-               sums_ptr, sums_counters_ptr, j, tile, tiles, gate_up_blocks, down_items, K_ROUTED: tl.constexpr,
+               glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, ready_ptr, done_ptr, x_ptr, new_x_out_ptr,
+               sums_ptr, sums_counters_ptr, j, tile, tiles, gate_up_blocks, K_ROUTED: tl.constexpr,
                HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr, N_DOWN: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
                GROUP_SCALES: tl.constexpr, TILE_SUMS: tl.constexpr, ROUND: tl.constexpr, FENCE: tl.constexpr,
@@ -81,18 +98,16 @@ def _down_item(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I,
     # Wait for every gate/up program of expert j (their act stores visible: release on their side).
     if WAIT:
         while tl.atomic_add(ready_ptr + j, 0, sem="acquire", scope="gpu") < gate_up_blocks:
-            pass
+            _backoff(FENCE)  # fewer polls of the counter the gate/up programs are adding to
         _fence(FENCE)
     xs = x_tiles(act_ptr + j * I, w, mask_w, 2 * BLOCK_G, MASKED, X_SPLIT)
     acc = tl.zeros([BLOCK_M, BLOCK_G if GROUP_SCALES else 2 * BLOCK_G], dtype=tl.float32)
     acc += tile_math(words, sc, xs, 2 * BLOCK_G, DECODE, GROUP_SCALES)  # rows_part's one K step
     tl.store(parts_ptr + j * H + m, tl.sum(acc, axis=1) * y_scale, mask=mask_m)
-    # The launch's last down program past its wait sets every counter back (all gate/up programs counted).
-    if tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu") == down_items - 1:
-        for r in tl.static_range(N_DOWN):
-            tl.atomic_xchg(ready_ptr + r, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(done_ptr, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+    # Expert j's last down program past its wait sets j's counters back (all of j's gate/up programs counted).
+    if tl.atomic_add(done_ptr + j, 1, sem="relaxed", scope="gpu") == tiles - 1:
+        tl.atomic_xchg(ready_ptr + j, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(done_ptr + j, 0, sem="relaxed", scope="gpu")
     if TILE_SUMS:
         parts_norm_tail(parts_ptr, x_ptr, x_ptr, new_x_out_ptr, x_ptr, sums_ptr, sums_counters_ptr, 0.0, H, tile,
                         tiles, K_ROUTED + 1, BLOCK_M, ROUND, 16, FENCE, True, N_DOWN)
@@ -108,18 +123,25 @@ def expert_moe_kernel(x_ptr, ids_ptr, wts_ptr, words_ptr, bytes_ptr, act_ptr, pa
                       BLOCK_G_DN: tl.constexpr, MASKED_DN: tl.constexpr, DECODE: tl.constexpr,
                       X_SPLIT: tl.constexpr, GROUP_SCALES_GU: tl.constexpr, GROUP_SCALES_DN: tl.constexpr,
                       TILE_SUMS: tl.constexpr = False, ROUND: tl.constexpr = 0, FENCE: tl.constexpr = False,
-                      USE_GDC: tl.constexpr = False, WAIT: tl.constexpr = True, STALL_US: tl.constexpr = 0):
+                      USE_GDC: tl.constexpr = False, WAIT: tl.constexpr = True, STALL_US: tl.constexpr = 0,
+                      TICKETS: tl.constexpr = True):
     """A 1-D grid of N_GATE_UP * blocks + N_DOWN * tiles programs; each takes the work item of its ticket.
-    counters_ptr: ready[N_GATE_UP] (gate/up programs counted per expert), then done, then the ticket.
+    counters_ptr: ready[N_GATE_UP] (gate/up programs counted per expert), done[N_GATE_UP] (down programs past
+    their wait), then the ticket. TICKETS False: a program's item is its index (see the module's note).
     WAIT False / STALL_US (the ordering test's negative control only): no wait; each gate/up program sleeps first."""
     gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     ready_ptr = counters_ptr
     done_ptr = counters_ptr + N_GATE_UP
-    ticket_ptr = done_ptr + 1
+    ticket_ptr = done_ptr + N_GATE_UP
     blocks = tl.cdiv(I, BLOCK_N)
     tiles = tl.cdiv(H, BLOCK_M)
-    t = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
     gate_up_items = N_GATE_UP * blocks
+    if TICKETS:
+        t = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+        if t == gate_up_items + N_DOWN * tiles - 1:  # the last ticket: every program has one
+            tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+    else:
+        t = tl.program_id(0)
     if t < gate_up_items:
         j = t // blocks
         n = (t - j * blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -136,9 +158,9 @@ def expert_moe_kernel(x_ptr, ids_ptr, wts_ptr, words_ptr, bytes_ptr, act_ptr, pa
         d = t - gate_up_items
         j = d // tiles
         _down_item(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words, dn_at,
-                   dn_scale_at, glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, ready_ptr, done_ptr, ticket_ptr,
+                   dn_scale_at, glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, ready_ptr, done_ptr,
                    res_ptr, new_x_out_ptr, sums_ptr, sums_counters_ptr, j, d - j * tiles, tiles, blocks,
-                   N_DOWN * tiles, K_ROUTED, HAS_EXTRA, HAS_EXTRA_SCALE, N_DOWN, BLOCK_M, BLOCK_G_DN, MASKED_DN,
+                   K_ROUTED, HAS_EXTRA, HAS_EXTRA_SCALE, N_DOWN, BLOCK_M, BLOCK_G_DN, MASKED_DN,
                    DECODE, X_SPLIT, GROUP_SCALES_DN, TILE_SUMS, ROUND, FENCE, WAIT)
 
 
@@ -153,7 +175,8 @@ def expert_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: 
     or with sums = (x residual [1, H], launch.new_counter(device, H / block_m)) (new_x, tile sums).
     gate_up_extra (the shared expert's gate + up triples) and down_extra come together or not at all; with
     write_shared=False the shared row of `out` is left to the caller (the overlap's split). counters:
-    launch.new_counter(device, n + 2), n = k + 1 with the shared expert, else k; one set a call site.
+    launch.new_counter(device, counters_needed(n)), n = k + 1 with the shared expert, else k; one set a call
+    site.
     Both kinds of program decode the rows in one K step (the whole row of H and of I: up to 4,096 and 1,024
     here; larger rows take the two launches). wait=False, stall_us: the ordering test's negative control (no
     wait for act; every gate/up program first sleeps stall_us; CUDA only)."""
@@ -166,8 +189,8 @@ def expert_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: 
     n_gu = k + (gate_up_extra is not None)
     if n_gu == 0:
         raise ValueError("no expert to run: give routed ids or the shared expert")
-    if counters.dtype != torch.int32 or counters.numel() != n_gu + 2 or counters.device != x.device:
-        raise ValueError(f"counters must be launch.new_counter(device, {n_gu + 2})")
+    if counters.dtype != torch.int32 or counters.numel() != counters_needed(n_gu) or counters.device != x.device:
+        raise ValueError(f"counters must be launch.new_counter(device, {counters_needed(n_gu)})")
     if not fits(hidden, inter):
         raise ValueError(f"one launch decodes whole rows: hidden <= {MAX_HIDDEN} and inter <= {MAX_INTER}, got "
                          f"{hidden}, {inter} (use expert_gate_up and expert_down_parts)")
@@ -201,7 +224,7 @@ def expert_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: 
         MASKED_DN=hidden % block_m != 0 or (inter // 16) % bg_dn != 0, DECODE=_decode(decode, rows), X_SPLIT=True,
         GROUP_SCALES_GU=False, GROUP_SCALES_DN=True, TILE_SUMS=tail is not None,
         ROUND=round_code(x.dtype) if tail is not None else 0, FENCE=x.device.type == "cuda",
-        WAIT=wait, STALL_US=stall_us, num_warps=num_warps, **pdl_launch(x.device))
+        WAIT=wait, STALL_US=stall_us, TICKETS=TICKETS, num_warps=num_warps, **pdl_launch(x.device))
     return tail["result"] if tail is not None else out
 
 

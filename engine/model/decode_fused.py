@@ -290,8 +290,9 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         if moe.overlap.split == "off":
             copy()
             if one:
-                result = expert_moe(h, weights, slots, rows, cfg_h, cfg_i, _counters(moe, "moe_counters", h.device,
-                                    k + 3), gate_up_extra, down_extra, shared_scale, sums=sums)
+                counters = _counters(moe, "moe_counters", h.device, nvfp4_moe_launch.counters_needed(k + 1))
+                result = expert_moe(h, weights, slots, rows, cfg_h, cfg_i, counters, gate_up_extra, down_extra,
+                                    shared_scale, sums=sums)
                 return _deferred(result, next_norm) if sums is not None else result
             act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters")
             if sums is not None:  # the next norm left to the next layer's first GEMV
@@ -306,8 +307,9 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
 
         def shared_alone():
             if one:
-                expert_moe(h, weights, none, rows, cfg_h, cfg_i, _counters(moe, "moe_counters_shared", h.device, 3),
-                           gate_up_extra, down_extra, shared_scale, out=parts[k:])
+                counters = _counters(moe, "moe_counters_shared", h.device, nvfp4_moe_launch.counters_needed(1))
+                expert_moe(h, weights, none, rows, cfg_h, cfg_i, counters, gate_up_extra, down_extra, shared_scale,
+                           out=parts[k:])
                 return
             act_shared = _gate_up(moe, h, none, rows, gate_up_extra, "mma_counters_shared")
             expert_down_parts(act_shared, weights, none, rows, cfg_h, cfg_i, extra=down_extra,
@@ -315,8 +317,9 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
 
         moe.overlap.run(copy, shared_alone, h)
         if one:
-            result = expert_moe(h, weights, slots, rows, cfg_h, cfg_i, _counters(moe, "moe_counters_routed", h.device,
-                                k + 2), out=parts, write_shared=False, sums=sums)
+            counters = _counters(moe, "moe_counters_routed", h.device, nvfp4_moe_launch.counters_needed(k))
+            result = expert_moe(h, weights, slots, rows, cfg_h, cfg_i, counters, out=parts, write_shared=False,
+                                sums=sums)
             return _deferred(result, next_norm) if sums is not None else result
         act = _gate_up(moe, h, slots, rows, None, "mma_counters_routed")
         if sums is not None:
