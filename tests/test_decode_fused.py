@@ -212,23 +212,3 @@ def test_the_next_norm_in_the_down_launch_and_the_first_gemv_keeps_the_step(quan
     assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
     apart = _engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24)
     assert torch.equal(apart, on)
-
-
-def test_the_moe_in_one_launch_gives_the_two_launches_bytes(quantized_ckpt, monkeypatch):
-    """nvfp4_moe_launch.ONE_LAUNCH: every layer's gate/up and down parts in one launch (counted), serial and with
-    the shared expert apart (the overlap's split), with the tile sums of the next norm: the logits of the two
-    launches byte for byte (the same programs' arithmetic; the interpreter runs them in ticket order)."""
-    from qwenlocal.engine.kernels import nvfp4_moe_launch
-    from qwenlocal.engine.model import decode_fused
-
-    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(12))
-    two = _engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24)
-    monkeypatch.setattr(nvfp4_moe_launch, "ONE_LAUNCH", True)
-    calls = []
-    real = decode_fused.expert_moe
-    monkeypatch.setattr(decode_fused, "expert_moe", lambda *a, **k: calls.append(1) or real(*a, **k))
-    one = _engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24)
-    layers = len(_engine(quantized_ckpt, False).model.layers)
-    assert len(calls) == 2 * layers and torch.equal(one, two)
-    apart = _engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24)
-    assert len(calls) == 2 * layers * 3 and torch.equal(apart, two)

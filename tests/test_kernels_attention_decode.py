@@ -58,27 +58,6 @@ def test_a_merge_before_every_group_arrived_gives_other_bytes(nan_empty):
     assert not torch.equal(bad[:, :4], good[:, :4])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_gate_in_the_last_program_gives_sigmoid_gate_muls_bytes(dtype):
-    """gate=: out * sigmoid(gate) by the head's last program, byte for byte what sigmoid_gate_mul makes of the
-    plain output, over a gate view with the prologue's row stride (q and gate interleaved, 2 * D a row)."""
-    from qwenlocal.engine.kernels.decode_norm import sigmoid_gate_mul
-
-    heads, kvh, d = 6, 2, 32
-    q, k, v = _case(heads, kvh, d, 200, dtype, seed=7)
-    q_gate = (torch.randn(heads, 2 * d, generator=torch.Generator().manual_seed(8)) * 3).to(dtype).to(DEVICE)
-    gate = q_gate[:, d:]
-    counters = new_counter(q.device, kvh * (SMALL["splits"] // SMALL["group"] + 1))
-    for position in (0, 199):
-        pos = torch.tensor([position], device=DEVICE)
-        plain = ad.decode_attention(q, k, v, pos, counters, **SMALL)
-        gated = ad.decode_attention(q, k, v, pos, counters, gate=gate, **SMALL)
-        assert torch.equal(gated, sigmoid_gate_mul(plain.reshape(1, -1), gate).reshape(gated.shape))
-        assert not torch.equal(gated, plain) and not counters.any()
-    with pytest.raises(ValueError, match="gate must be"):
-        ad.decode_attention(q, k, v, pos, counters, gate=q_gate, **SMALL)
-
-
 def test_bad_calls_are_refused():
     q, k, v = _case(8, 2, 32, 10, torch.float32, seed=3)
     position = torch.tensor([3], device=DEVICE)

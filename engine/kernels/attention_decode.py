@@ -24,7 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_norm import _round_as, round_code
 from .launch import gdc_prologue, last_to_arrive, pdl_launch
 from .nvfp4_triton import _store_exact, exact_out
 
@@ -32,10 +31,6 @@ TRITON = True  # on: won the paired GPU A/B (docs/RESULTS.md session 10)
 SPLITS = 64  # per KV head: 2 heads x 64 ~ one program an SM of an H200
 GROUP = 8  # splits merged by one program first, then the groups by one program
 BLOCK_T = 64  # positions a step of a program's loop
-# The attention's output gate (out * sigmoid(gate), decode_norm.sigmoid_gate_mul's launch) in the head's last
-# program, as that kernel's arithmetic on the stored output: the same bytes, one launch fewer a layer. Off until
-# its GPU A/B (profile_decode arm "gatetail").
-GATE_IN_TAIL = False
 
 
 @triton.jit
@@ -70,14 +65,11 @@ def _store_partial(dst_acc, dst_ml, acc, m, l, G: tl.constexpr, D: tl.constexpr,
 def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, part_acc, part_ml, grp_acc, grp_ml, counters_ptr,
                             scale, KVH, G: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr,
                             GROUP: tl.constexpr, BLOCK_T: tl.constexpr, OUT_BF16: tl.constexpr,
-                            FENCE: tl.constexpr, DOT_F32: tl.constexpr = False, USE_GDC: tl.constexpr = False,
-                            gate_ptr=None, gate_stride=0, GATE: tl.constexpr = False, ROUND_OUT: tl.constexpr = 0,
-                            ROUND_GATE: tl.constexpr = 0):
+                            FENCE: tl.constexpr, DOT_F32: tl.constexpr = False, USE_GDC: tl.constexpr = False):
     """Program (h, s). part_*: [KVH, SPLITS, G, ...]; grp_*: [KVH, SPLITS / GROUP, G, ...]; counters: [KVH *
     (SPLITS / GROUP)] per group, then [KVH] per head, all 0 between launches. DOT_F32: the dots' operands
     in fp32 (Triton's interpreter, whose dot of bf16 operands is not the GPU's); else in the KV's dtype, p
-    rounded to it (FlashAttention's choice), fp32 sums. GATE: the output times sigmoid(gate) as
-    sigmoid_gate_mul computes it from the stored output (rounded to ROUND_OUT first; the sigmoid to ROUND_GATE)."""
+    rounded to it (FlashAttention's choice), fp32 sums."""
     gdc_prologue(USE_GDC)  # PDL: the step's q, k and v are read only after this
     h = tl.program_id(0)
     s = tl.program_id(1)
@@ -125,24 +117,16 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, part_acc, par
         if last_to_arrive(counters_ptr + KVH * NG + h, NG, FENCE):
             acc, m, l = _merge(grp_acc + h * NG * G * D, grp_ml + h * NG * G * 2, NG, G, D, GP)
             o = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-            if GATE:
-                o = _round_as(o, ROUND_OUT)
-                gv = tl.load(gate_ptr + (h * G + g)[:, None] * gate_stride + d[None, :], mask=gm[:, None],
-                             other=0.0).to(tl.float32)
-                o = o * _round_as(1.0 / (1.0 + tl.exp(-gv)), ROUND_GATE)
             _store_exact(out_ptr + (h * G + g)[:, None] * D + d[None, :], o, gm[:, None], OUT_BF16)
 
 
 def decode_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, position: torch.Tensor,
-                     counters: torch.Tensor, *, gate: torch.Tensor | None = None, splits: int = SPLITS,
-                     group: int = GROUP, block_t: int = BLOCK_T, num_warps: int = 4,
-                     num_stages: int = 3) -> torch.Tensor:
+                     counters: torch.Tensor, *, splits: int = SPLITS, group: int = GROUP, block_t: int = BLOCK_T,
+                     num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """q [1 (or none), heads, D] of one token; k_rows / v_rows [rows, kv heads, D] contiguous (row p: position p,
     this step's row already written); position int64 [1] on the device -> out [1, heads, D] in q's dtype:
     softmax(q k^T / sqrt(D)) v over rows 0..position, query head i on KV head i // (heads / kv heads).
-    counters: launch.new_counter(device, kv_heads * (splits / group + 1)). One launch, no host sync.
-    gate [heads, D] with stride-1 rows (attention_prologue's gate view): out * sigmoid(gate) instead, the bytes of
-    sigmoid_gate_mul(out, gate) on the plain output."""
+    counters: launch.new_counter(device, kv_heads * (splits / group + 1)). One launch, no host sync."""
     heads, d = q.shape[-2:]
     rows, kvh, dk = k_rows.shape
     contiguous = k_rows.is_contiguous() and v_rows.is_contiguous()
@@ -156,8 +140,6 @@ def decode_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
     if counters.dtype != torch.int32 or counters.numel() != kvh * (splits // group + 1) \
             or counters.device != q.device:
         raise ValueError(f"counters must be launch.new_counter(device, {kvh * (splits // group + 1)})")
-    if gate is not None and (gate.shape != (heads, d) or gate.stride(1) != 1 or gate.device != q.device):
-        raise ValueError(f"gate must be [{heads}, {d}] with stride-1 rows on q's device, got {tuple(gate.shape)}")
     g = heads // kvh
     dev = q.device
     f32 = dict(device=dev, dtype=torch.float32)
@@ -170,9 +152,7 @@ def decode_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
         grp_ml, counters, d ** -0.5, kvh, G=g, D=d, GP=max(16, triton.next_power_of_2(g)), SPLITS=splits,
         GROUP=group, BLOCK_T=block_t, OUT_BF16=q.dtype == torch.bfloat16, FENCE=dev.type == "cuda",
         DOT_F32=dev.type != "cuda" or q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev),  # 3 stages: 141 KB of smem at D 256
-        **(dict(gate_ptr=gate, gate_stride=gate.stride(0), GATE=True, ROUND_OUT=round_code(q.dtype),
-                ROUND_GATE=round_code(gate.dtype)) if gate is not None else {}))
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev))  # 3 stages: 141 KB of smem at D 256
     return out
 
 

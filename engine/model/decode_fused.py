@@ -33,7 +33,7 @@ import torch
 import triton
 
 from ..kernels import attention_decode as attention_decode_mod
-from ..kernels import nvfp4_experts_mma, nvfp4_moe_launch
+from ..kernels import nvfp4_experts_mma
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import gemv_mixed, gemv_norm, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
@@ -44,7 +44,6 @@ from ..kernels.launch import new_counter, programmatic_launch
 from ..kernels.nvfp4_experts_decode import expert_gate_up, nvfp4_triples
 from ..kernels.nvfp4_experts_parts import expert_down_parts
 from ..kernels.nvfp4_experts_parts import BLOCK_M as PARTS_BLOCK_M
-from ..kernels.nvfp4_moe_launch import expert_moe
 from ..quant.linear import QuantLinear
 from ..quant.scheme import NVFP4
 from .ops import swiglu
@@ -164,8 +163,6 @@ def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.
     if rows is not None and attention_decode_mod.TRITON:  # split KV merged in the launch (attention_decode.py)
         groups = attention_decode_mod.SPLITS // attention_decode_mod.GROUP
         counters = _counters(mixer, "attn_counters", h.device, a.num_kv_heads * (groups + 1))
-        if attention_decode_mod.GATE_IN_TAIL:  # the output gate in the merge's last program: no launch of its own
-            return attention_decode_mod.decode_attention(q, *rows, positions, counters, gate=gate).reshape(1, -1)
         out = attention_decode_mod.decode_attention(q, *rows, positions, counters).reshape(1, -1)
     elif rows is not None:
         out = backend.attend_written(kv, q.view(1, *q.shape)).reshape(1, -1)
@@ -282,18 +279,8 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         gate_up_extra = gate + up
         rows = expert_weights[0]
         # The down projection leaves one fp32 part per expert ([k + 1, 1, H]); the next add_rms_norm sums them.
-        # gate/up and down in one launch (nvfp4_moe_launch.ONE_LAUNCH; not with the tensor-core gate/up or the
-        # norm tail of parts_norm.FUSED, which need launches of their own)
-        one = (nvfp4_moe_launch.ONE_LAUNCH and not nvfp4_experts_mma.FUSED and not parts_norm.FUSED
-               and nvfp4_moe_launch.fits(cfg_h, cfg_i))
-        k = slots.shape[-1]
         if moe.overlap.split == "off":
             copy()
-            if one:
-                counters = _counters(moe, "moe_counters", h.device, nvfp4_moe_launch.counters_needed(k + 1))
-                result = expert_moe(h, weights, slots, rows, cfg_h, cfg_i, counters, gate_up_extra, down_extra,
-                                    shared_scale, sums=sums)
-                return _deferred(result, next_norm) if sums is not None else result
             act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters")
             if sums is not None:  # the next norm left to the next layer's first GEMV
                 return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
@@ -302,25 +289,16 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
                                      extra_scale=shared_scale, norm=_norm_tail(moe, next_norm, cfg_h))
         # The shared expert apart (on its stream beside the miss copy): the same two kernels' programs with no
         # routed experts, writing the last part, so the bytes are those of the serial launch.
+        k = slots.shape[-1]
         parts = torch.empty(k + 1, 1, cfg_h, device=h.device, dtype=torch.float32)
         none = slots[:, :0]
 
         def shared_alone():
-            if one:
-                counters = _counters(moe, "moe_counters_shared", h.device, nvfp4_moe_launch.counters_needed(1))
-                expert_moe(h, weights, none, rows, cfg_h, cfg_i, counters, gate_up_extra, down_extra, shared_scale,
-                           out=parts[k:])
-                return
             act_shared = _gate_up(moe, h, none, rows, gate_up_extra, "mma_counters_shared")
             expert_down_parts(act_shared, weights, none, rows, cfg_h, cfg_i, extra=down_extra,
                               extra_scale=shared_scale, out=parts[k:])
 
         moe.overlap.run(copy, shared_alone, h)
-        if one:
-            counters = _counters(moe, "moe_counters_routed", h.device, nvfp4_moe_launch.counters_needed(k))
-            result = expert_moe(h, weights, slots, rows, cfg_h, cfg_i, counters, out=parts, write_shared=False,
-                                sums=sums)
-            return _deferred(result, next_norm) if sums is not None else result
         act = _gate_up(moe, h, slots, rows, None, "mma_counters_routed")
         if sums is not None:
             return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, out=parts, write_shared=False,
