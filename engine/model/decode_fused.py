@@ -33,7 +33,7 @@ import torch
 import triton
 
 from ..kernels import attention_decode as attention_decode_mod
-from ..kernels import nvfp4_experts_mma
+from ..kernels import nvfp4_experts_mma, nvfp4_gemv_mma
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import gemv_mixed, gemv_norm, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
@@ -360,6 +360,21 @@ def _forward(model, ids, positions, state, start):
 
 
 def logits(model: "Qwen35MoeModel", hidden: torch.Tensor) -> torch.Tensor:
-    """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype)."""
+    """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype);
+    on the tensor cores where nvfp4_gemv_mma.LM_HEAD and the head allows it (lm_head_mma_ok)."""
     with programmatic_launch(model.kernels.pdl):
+        if nvfp4_gemv_mma.LM_HEAD and lm_head_mma_ok(model):
+            return nvfp4_gemv_mma.nvfp4_gemv_mma(hidden, model.lm_head_w.tensors, torch.float32)
         return gemv(hidden, model.lm_head_w, out_dtype=torch.float32)
+
+
+def lm_head_mma_ok(model: "Qwen35MoeModel") -> bool:
+    """An NVFP4 LM head whose K takes the tensor-core GEMV's steps, after a final norm whose outputs fit fp16.
+    Decided on the first call (an eager warm-up step: the check reads the norm's weight on the host), then kept."""
+    ok = getattr(model, "lm_head_mma", None)
+    if ok is None:
+        head = model.lm_head_w
+        ok = (isinstance(head, QuantLinear) and head.fmt == NVFP4 and nvfp4_gemv_mma.fits(head.in_features)
+              and nvfp4_experts_mma.fp16_safe_norm(model.norm, head.in_features))
+        model.lm_head_mma = ok
+    return ok
