@@ -208,9 +208,12 @@ def main() -> int:
     else:
         pa_grid = [dict(block_m=16), dict(block_m=32, x_split=False), dict(block_m=16, programs=4)]
     if cuda:
-        # persistent programs first (one or two waves; x loaded once a program): the grid's budget may end early
-        gu_grid = [dict(block_n=bn, num_warps=nw, programs=waves * persistent_programs(dev, nw))
-                   for bn, nw, waves in itertools.product((2, 4, 8), (4, 2), (1, 2))]
+        # the default first, then one warp a program (no cross-warp reduction; 32 programs an SM hold the launch
+        # in one wave; session 16), then persistent programs (one or two waves; x loaded once a program): the
+        # grid's budget may end early
+        gu_grid = [dict()] + [dict(block_n=bn, num_warps=1) for bn in (1, 2, 4)]
+        gu_grid += [dict(block_n=bn, num_warps=nw, programs=waves * persistent_programs(dev, nw))
+                    for bn, nw, waves in itertools.product((2, 4, 8), (4, 2), (1, 2))]
         gu_grid += [dict(block_n=bn, num_warps=nw, x_split=xs)
                     for bn, nw, xs in itertools.product((8, 4, 16, 2), (4, 8, 2), (True, False))]
         gu_grid += [dict(group_scales=True, x_split=xs) for xs in (True, False)]
