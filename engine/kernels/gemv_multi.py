@@ -178,6 +178,17 @@ L2_AHEAD = 2
 # round faster (docs/RESULTS.md, session 9 call 1). GPUs before sm_89 keep the bit path.
 FP8_CVT = True
 REGS_PER_THREAD = 128  # what the configs' sm_90 code uses at most (scripts/sass_gemv_multi.py): 2 x 8 warps an SM
+# The cap above as ptxas' register limit (maxnreg). Off: without it the FP8 in_proj and q+k+v tiles compile to 182
+# registers (sm_90, session 16), so only one 8-warp program fits an SM, where the configs assume two. At 128 they
+# spill ~77 instructions' worth to local memory. Its GPU A/B is profile_decode arm "regcap". No byte moves.
+REG_CAP = False
+
+
+def reg_cap(device: torch.device) -> dict:
+    """A GEMV launch's register cap keyword (REG_CAP on a GPU; the interpreter has no registers)."""
+    return {"maxnreg": REGS_PER_THREAD} if REG_CAP and device.type == "cuda" else {}
+
+
 TARGET_PROGRAMS = 512  # ~4 per SM of an H200, so the last wave is a small part of the launch
 MAX_TILE_BYTES = 32 * 1024  # weight bytes per program and K block: <= 128 B (8 x 16 B loads) a thread at 8 warps
 BYTES_PER_THREAD = 128
@@ -336,7 +347,7 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
         FP8_CVT=fp8_cvt and fmt == FP8,
         L2_AHEAD=cfg.l2_ahead if persistent else 0,
         OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **norm_args, **pdl_launch(x.device))
+        **norm_args, **pdl_launch(x.device), **reg_cap(x.device))
     return out
 
 
