@@ -35,7 +35,7 @@ import triton
 from ..kernels import attention_decode as attention_decode_mod
 from ..kernels import nvfp4_experts_mma, nvfp4_gemv_mma
 from ..kernels import gdn_decode as gdn_decode_mod
-from ..kernels import gemv_mixed, gemv_norm, parts_norm, router_gemv, router_norm
+from ..kernels import decode_router, gemv_mixed, gemv_norm, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
@@ -227,6 +227,13 @@ def router_takes_the_norm(moe: "SparseMoE", x: torch.Tensor) -> bool:
 def _route_with_norm(moe: "SparseMoE", pending: tuple):
     """(weights, ids, shared_scale, new_x, normed): pending = (x, mixer delta, post_norm, eps) normed by the
     router's programs, then route_topk's tail on their logits."""
+    x = pending[0]
+    if (router_norm.TOPK_TAIL and decode_router.KEYS and "route" not in DROP
+            and x.dtype in (torch.bfloat16, torch.float16)):  # route_topk in the launch's last program
+        route = (moe.top_k, x.dtype, _counters(moe, "route_tail_counter", x.device))
+        new_x, h, _, (weights, ids, shared_scale) = router_norm.router_norm(*pending, moe.router_w,
+                                                                             moe.shared_gate, route=route)
+        return weights, ids, shared_scale, new_x, h
     new_x, h, router_logits = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate)
     if "route" in DROP:
         return (*_dropped_route(moe, h), new_x, h)
