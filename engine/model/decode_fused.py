@@ -19,7 +19,10 @@ in_proj_qkv + z launch; a sixth (attention_decode.TRITON) runs the decode attent
 its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a seventh (nvfp4_experts_mma.FUSED,
 off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (parts_norm.TILE_SUMS, on:
 0.983x the step on the H200) leaves the next layer's input add + RMSNorm to the MoE down launch's per-tile tails
-(the new residual and its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is loaded): no launch of its own.
+(the new residual and its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is
+loaded): no launch of its own. Three more are off until their A/B: the LM head on the tensor cores
+(nvfp4_gemv_mma.LM_HEAD), route_topk in the router norm launch's last program (router_norm.TOPK_TAIL) and the
+GEMVs' register cap (gemv_multi.REG_CAP).
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
