@@ -128,7 +128,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
             "lmmma": (nvfp4_gemv_mma, "LM_HEAD"), "regcap": (gemv_multi, "REG_CAP"),
-            "routetail": (router_norm, "TOPK_TAIL")}
+            "routetail": (router_norm, "TOPK_TAIL"), "gu1warp": (nvfp4_experts_decode, "ONE_WARP")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

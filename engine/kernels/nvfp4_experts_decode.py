@@ -152,6 +152,10 @@ DECODES = ("asm", "fp16", "exact")
 # "fused-pdl/experts", session 9) was 1.07x the step: fewer instructions, but one wave of programs over 8
 # experts' rows streams worse than a program a tile. The same bytes (tests/test_kernels_nvfp4_experts_decode.py).
 PERSISTENT = False
+# expert_gate_up at one warp a program (block_n 2): no cross-warp reduction, 6.8 SASS instructions a code against
+# 9.9 at four warps, and 200 registers (sm_90, session 16). Off until its GPU A/B (profile_decode arm "gu1warp");
+# the sums in another order than four warps' (the bf16 level), the same in every path that runs it.
+ONE_WARP = False
 REGS_PER_THREAD = 128  # the budget one wave is sized for (the kernels' sm_90 code uses 54-64)
 
 
@@ -187,7 +191,7 @@ def _block_g(k_in: int, block_g: int | None) -> int:
 
 def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                    extra: tuple | None = None, out: torch.Tensor | None = None, *, block_n: int | None = None,
-                   block_g: int | None = None, num_warps: int = 4, decode: str | None = None,
+                   block_g: int | None = None, num_warps: int | None = None, decode: str | None = None,
                    x_split: bool = True, group_scales: bool = False, programs: int | None = None) -> torch.Tensor:
     """act fp32 [n, I] (n = k, + 1 with extra): act[j] = SiLU(gate_j x) * (up_j x) for the row rows[ids[0, j]]
     and, with extra = (gate_packed, gate_scale, gate_scale2, up_packed, up_scale, up_scale2) (QuantLinear NVFP4
@@ -195,12 +199,15 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     ids [1, k] int on the device, rows uint8 [E or S, >= row bytes]. One launch, grid (n, I / block_n).
     block_g: 16-code groups per K step (None: the whole row at once). block_n (None: 2 on a GPU, the H200
     sweep's best: 9.35 us vs 10.47 at 8 for the real geometry, scripts/bench_nvfp4_experts_decode.py).
+    num_warps (None: 4, or 1 where ONE_WARP is on).
     programs: at most this many persistent programs taking the (expert, row block) tiles in turn, x loaded once
     each (the whole row in one K step only; None: the module switch PERSISTENT, one wave of them, else one
     program a tile)."""
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
+    if num_warps is None:
+        num_warps = 1 if ONE_WARP else 4
     if block_n is None:  # 2 on a GPU; in Triton's interpreter (tests) whole experts, its time going by programs
         block_n = 2 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     if out is None:
