@@ -109,31 +109,48 @@ def tile_part(w_ptr, s_ptr, rows, mask_r, w0, w, mask_w, K, xs, BLOCK_W: tl.cons
     (per 16-code group with GROUP_SCALES: [len(rows), BLOCK_W / 2]), for an NVFP4 matrix [*, K] whose packed
     bytes start at w_ptr (int32 words: K/8 a row) and E4M3 scale bytes at s_ptr (K/16 a row); w: the step's
     words of the row (from w0), xs their activations (x_tiles). Offsets are int32 within one matrix."""
+    words, sc = tile_loads(w_ptr, s_ptr, rows, mask_r, w0, w, mask_w, K, BLOCK_W, MASKED, GROUP_SCALES)
+    return tile_math(words, sc, xs, BLOCK_W, DECODE, GROUP_SCALES)
+
+
+@triton.jit
+def tile_loads(w_ptr, s_ptr, rows, mask_r, w0, w, mask_w, K, BLOCK_W: tl.constexpr, MASKED: tl.constexpr,
+               GROUP_SCALES: tl.constexpr):
+    """tile_part's weight loads: (the words [len(rows), BLOCK_W], their scale bytes): apart from its math so
+    that a persistent program can load its next tile's weights before it computes this one's."""
     w_ptrs = w_ptr + (rows[:, None] * (K // 8) + w[None, :])
     if MASKED:
         words = tl.load(w_ptrs, mask=mask_r[:, None] & mask_w[None, :], other=0)
     else:
         words = tl.load(w_ptrs)
-    part = tl.zeros(words.shape, dtype=tl.float32)
-    for c in tl.static_range(4):
-        lo, hi = e2m1_pair(words, c, DECODE)
-        part = part + lo * xs[c][None, :]  # two chained FMAs (one add of two products would not fuse)
-        part = part + hi * xs[c + 4][None, :]
-    if GROUP_SCALES:  # one scale byte per 16-code group: sum each word pair first
-        pairs = tl.sum(tl.reshape(part, [part.shape[0], BLOCK_W // 2, 2]), axis=2)
+    if GROUP_SCALES:  # one scale byte per 16-code group
         gg = w0 // 2 + tl.arange(0, BLOCK_W // 2)
         s_ptrs = s_ptr + (rows[:, None] * (K // 16) + gg[None, :])
         if MASKED:
             sc = tl.load(s_ptrs, mask=mask_r[:, None] & (gg < K // 16)[None, :], other=0)
         else:
             sc = tl.load(s_ptrs)
-        return pairs * e4m3(sc, DECODE)
     else:  # each word's group scale (the pair's two loads hit the same byte)
         s_ptrs = s_ptr + (rows[:, None] * (K // 16) + (w // 2)[None, :])
         if MASKED:
             sc = tl.load(s_ptrs, mask=mask_r[:, None] & mask_w[None, :], other=0)
         else:
             sc = tl.load(s_ptrs)
+    return words, sc
+
+
+@triton.jit
+def tile_math(words, sc, xs, BLOCK_W: tl.constexpr, DECODE: tl.constexpr, GROUP_SCALES: tl.constexpr):
+    """tile_part's arithmetic on loaded words and scale bytes."""
+    part = tl.zeros(words.shape, dtype=tl.float32)
+    for c in tl.static_range(4):
+        lo, hi = e2m1_pair(words, c, DECODE)
+        part = part + lo * xs[c][None, :]  # two chained FMAs (one add of two products would not fuse)
+        part = part + hi * xs[c + 4][None, :]
+    if GROUP_SCALES:  # sum each word pair first
+        pairs = tl.sum(tl.reshape(part, [part.shape[0], BLOCK_W // 2, 2]), axis=2)
+        return pairs * e4m3(sc, DECODE)
+    else:  # (an else: Triton compiles the code after a constexpr branch's return too)
         return part * e4m3(sc, DECODE)
 
 

@@ -20,9 +20,10 @@ its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a s
 off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (parts_norm.TILE_SUMS, on:
 0.983x the step on the H200) leaves the next layer's input add + RMSNorm to the MoE down launch's per-tile tails
 (the new residual and its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is
-loaded): no launch of its own. Three more are off until their A/B: the LM head on the tensor cores
-(nvfp4_gemv_mma.LM_HEAD), route_topk in the router norm launch's last program (router_norm.TOPK_TAIL) and the
-GEMVs' register cap (gemv_multi.REG_CAP).
+loaded): no launch of its own. More are off until their A/B: the LM head on the tensor cores
+(nvfp4_gemv_mma.LM_HEAD), route_topk in the router norm launch's last program (router_norm.TOPK_TAIL), the
+GEMVs' register cap (gemv_multi.REG_CAP), gate/up at one warp a program (nvfp4_experts_decode.ONE_WARP) and
+gate/up as persistent programs that load a tile ahead (nvfp4_gate_up_stream.ON).
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
@@ -36,7 +37,7 @@ import torch
 import triton
 
 from ..kernels import attention_decode as attention_decode_mod
-from ..kernels import nvfp4_experts_mma, nvfp4_gemv_mma
+from ..kernels import nvfp4_experts_mma, nvfp4_gate_up_stream, nvfp4_gemv_mma
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import decode_router, gemv_mixed, gemv_norm, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
@@ -273,6 +274,8 @@ def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.T
         counters = _counters(moe, site, h.device, n * triton.cdiv(moe.inter, cfg["block_n"]))
         return nvfp4_experts_mma.expert_gate_up_mma(h, ids, rows, moe.hidden, moe.inter, extra, counters=counters,
                                                     **cfg)
+    if nvfp4_gate_up_stream.ON and moe.hidden <= 4096 and ids.shape[-1] <= 64:  # the same bytes, look-ahead programs
+        return nvfp4_gate_up_stream.expert_gate_up_stream(h, ids, rows, moe.hidden, moe.inter, extra=extra)
     return expert_gate_up(h, ids, rows, moe.hidden, moe.inter, extra=extra)
 
 
