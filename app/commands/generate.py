@@ -5,7 +5,6 @@ import argparse
 import sys
 
 from qwenlocal.app.commands import add_threads_argument, thread_options
-from qwenlocal.app.models import resolve_model
 from qwenlocal.engine.errors import ContextLimitError
 from qwenlocal.engine.events import EngineError, ReasoningDelta, TokenDelta, TurnDone
 
@@ -27,6 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from qwenlocal.app.models import resolve_model  # looked up per run: a module-level name would pin what it was at import
+
     model = resolve_model(args.model, device=args.device)
     print(f"model: {model.label}", file=sys.stderr)
     from qwenlocal.engine import Engine
