@@ -3,7 +3,7 @@
 choose_config's config: registers, spill stack, shared memory, SASS instructions, 16 B loads, layout conversions.
 A check that the kernel compiles for the H200 and how much work a thread does, not a timing.
 
-    python scripts/sass_gemv_multi.py [--dump DIR] [--persistent] [--pdl] [--fp8-cvt]   # DIR: ttgir / ptx / sass per shape
+    python scripts/sass_gemv_multi.py [--dump DIR] [--persistent] [--pdl] [--fp8-cvt] [--norm] [--stream]   # DIR: ttgir / ptx / sass per shape
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from bench_gemv_multi import GROUPS  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
 from sass_util import sass_of  # noqa: E402
 from qwenlocal.engine.kernels import gemv_multi as gm  # noqa: E402
+from qwenlocal.engine.kernels import gemv_stream as gs  # noqa: E402
 
 WORD = {"dense": "*bf16", "fp8": "*i32", "nvfp4": "*i64"}
 SCALE = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*u8"}
@@ -26,7 +27,7 @@ GLOBAL = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*fp32"}
 
 
 def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: bool = False, pdl: bool = False,
-                 fp8_cvt: bool = False):
+                 fp8_cvt: bool = False, norm: bool = False, stream: bool = False):
     fn = gm.gemv_multi_kernel
     cvt = fp8_cvt and fmt == "fp8"
     sig = {}
@@ -34,10 +35,16 @@ def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: b
         kind = name.rstrip("0123456789")
         word = "*fp8e4nv" if cvt else WORD[fmt]
         sig[name] = {"x_ptr": "*bf16", "out_ptr": "*i16", "w": word, "s": SCALE[fmt], "g": GLOBAL[fmt],
-                     "n": "i32", "p": "i32", "tiles": "i32"}.get(kind if kind in "wsgnp" else name, "constexpr")
+                     "n": "i32", "p": "i32", "tiles": "i32", "sums_ptr": "*fp32", "nw_ptr": "*bf16",
+                     "sum_tiles": "i32", "eps": "fp32"}.get(kind if kind in "wsgnp" else name, "constexpr")
     consts = dict(K=k, FMT=gm._FMT_ID[fmt], PARTS=parts, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   CHUNK=gm.chunk_words(fmt, cfg, fp8_cvt=cvt), OUT_BF16=True, USE_GDC=pdl, PERSISTENT=persistent,
-                  L2_AHEAD=gm.L2_AHEAD if persistent else 0, FP8_CVT=cvt)
+                  L2_AHEAD=gm.L2_AHEAD if persistent else 0, FP8_CVT=cvt, NORM=norm, ROUND=1 if norm else 0,
+                  BLOCK_T=128 if norm else 1, STREAM=stream, STAGES=cfg.num_stages)
+    if not norm:
+        for name in ("sums_ptr", "nw_ptr", "sum_tiles", "eps"):
+            sig[name] = "constexpr"
+            consts[name] = None if name.endswith("ptr") else 0
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
@@ -49,6 +56,8 @@ def main() -> None:
     ap.add_argument("--persistent", action="store_true", help="the persistent kernel (gemv_multi.PERSISTENT)")
     ap.add_argument("--pdl", action="store_true", help="with programmatic launch (USE_GDC)")
     ap.add_argument("--fp8-cvt", action="store_true", help="FP8 through the hardware conversion (gemv_multi.FP8_CVT)")
+    ap.add_argument("--norm", action="store_true", help="x RMS-normed as it is loaded (norm=, TILE_SUMS' GEMVs)")
+    ap.add_argument("--stream", action="store_true", help="the streamed K steps where eligible (gemv_stream.py)")
     args = ap.parse_args()
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
@@ -57,11 +66,14 @@ def main() -> None:
     for name, fmt, shapes, _ in GROUPS:
         k, n_total = shapes[0][1], sum(n for n, _ in shapes)
         cfg = gm.choose_config(fmt, n_total, k)
-        kernel = compile_sm90(fmt, len(shapes), k, cfg, args.persistent, args.pdl, args.fp8_cvt)
+        stream = args.stream and gs.eligible(fmt, n_total, k, 2, args.fp8_cvt)
+        if stream:
+            cfg = gs.stream_config(cfg, fmt, k, 2)
+        kernel = compile_sm90(fmt, len(shapes), k, cfg, args.persistent, args.pdl, args.fp8_cvt, args.norm, stream)
         stem = re.sub(r"\W+", "_", name)
         path = os.path.join(args.dump or "/tmp", f"gemv_multi_{stem}")
         lines, usage, sass = sass_of(kernel, path, bool(args.dump))
-        instrs = len(lines)
+        instrs = loop_instructions(sass, k // cfg.block_k, cfg.num_stages) if stream else len(lines)
         codes = cfg.block_n * k // (32 * cfg.num_warps)  # weight elements a thread decodes
         regs, stack = usage["REG"], usage["STACK"]
         print(f"{name:20} {str(config_dict(cfg)):58} {regs:>4} {stack:>5} {kernel.metadata.shared:5} {instrs:6} "
@@ -69,7 +81,22 @@ def main() -> None:
 
 
 def config_dict(cfg) -> dict:
-    return dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k)
+    out = dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k)
+    return out | ({"stages": cfg.num_stages} if cfg.num_stages > 1 else {})
+
+
+def loop_instructions(sass: str, steps: int, stages: int) -> int:
+    """Instructions a thread runs in a streamed (pipelined) kernel: the code outside its K loop once, the loop
+    body (the span of the one backward branch) once a step it runs; the pipeliner peels stages - 1 steps into
+    the prologue and epilogue, which the straight-line count already holds."""
+    ins = [(int(a, 16), t) for a, t in re.findall(r"^\s+/\*([0-9a-f]{4,5})\*/\s+([^;]*);", sass, flags=re.M)]
+    loops = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", t))
+             and int(m.group(1), 16) < a]
+    if not loops:
+        return len(ins)
+    start, end = loops[0]
+    body = sum(1 for a, _ in ins if start <= a <= end)
+    return len(ins) + body * max(0, steps - (stages - 1) - 1)
 
 
 if __name__ == "__main__":
