@@ -5,15 +5,31 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 
 import triton
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+# The lent H200 runs this Triton (../shared/device/README.md), and its sm_90 code is not another release's: the
+# FP8 in_proj tile compiles to 80 registers and 5.8 instructions a code under 3.6.0, to 165 and 11.0 under
+# 3.9.0 (docs/RESULTS.md session 17). Compile with it: pip install --target /tmp/tri36 triton==3.6.0, then
+# PYTHONPATH=/tmp/tri36 python scripts/sass_....py
+DEVICE_TRITON = "3.6.0"
+_WARNED = []
+
+
+def warn_if_not_the_device_triton() -> None:
+    if triton.__version__ != DEVICE_TRITON and not _WARNED:
+        _WARNED.append(1)
+        print(f"warning: compiling with Triton {triton.__version__}; the H200 runs {DEVICE_TRITON}, whose sm_90 code "
+              f"differs (registers, instructions): PYTHONPATH=/tmp/tri36 after pip install --target /tmp/tri36 "
+              f"triton=={DEVICE_TRITON}", file=sys.stderr)
 
 
 def sass_of(kernel, path: str, dump: bool = False) -> tuple[list[str], dict[str, str], str]:
     """kernel (triton.compile's) -> (its SASS instructions, {"REG", "STACK"} from -res-usage, the SASS text),
     the cubin written at path + ".cubin"; dump: also its ttgir, ptx and sass beside it."""
+    warn_if_not_the_device_triton()
     with open(path + ".cubin", "wb") as f:
         f.write(kernel.asm["cubin"])
     run = lambda flag: subprocess.run([os.path.join(BIN, "cuobjdump"), flag, path + ".cubin"],  # noqa: E731

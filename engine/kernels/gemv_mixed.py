@@ -87,8 +87,7 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
     if fmt_a == fmt_b:
         raise ValueError(f"both sides are {fmt_a}: one format a call is gemv_multi's")
     cfg_a = gm.launch_config(fmt_a, sum(ns_a), k, elem_a, x.device)
-    stream = (gemv_stream.STREAM if stream is None else stream) and gemv_stream.eligible(fmt_a, sum(ns_a), k,
-                                                                                         elem_a, fp8_cvt)
+    stream = gemv_stream.use_stream(fmt_a, sum(ns_a), k, elem_a, fp8_cvt, stream)
     if stream:
         cfg_a = gemv_stream.stream_config(cfg_a, fmt_a, k, elem_a)
     cfg_b = dataclasses.replace(gm.launch_config(fmt_b, sum(ns_b), k, elem_b, x.device), num_warps=cfg_a.num_warps)

@@ -335,18 +335,7 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
     elem = args[0][0].element_size() if fmt == DENSE else 2
     overrides = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, warps_k=warps_k, num_stages=num_stages,
                      programs=programs, l2_ahead=l2_ahead)
-    stream = gemv_stream.STREAM if stream is None else stream
-    stream = stream and not PERSISTENT and gemv_stream.eligible(fmt, n_total, k, elem, fp8_cvt)
-    cfg = launch_config(fmt, n_total, k, elem, x.device, PERSISTENT and not stream)
-    if stream:
-        cfg = gemv_stream.stream_config(cfg, fmt, k, elem)
-    cfg = dataclasses.replace(cfg, **{name: v for name, v in overrides.items() if v is not None})
-    if stream and (cfg.programs or k % cfg.block_k or k // cfg.block_k < 2):
-        raise ValueError(f"the streamed GEMV takes one program a tile and K ({k}) in >= 2 steps of block_k: {cfg}")
-    if cfg.l2_ahead and x.device.type != "cuda":
-        raise ValueError("the L2 prefetch (l2_ahead) needs a CUDA device (Triton's interpreter has no PTX)")
-    if any(v < 1 or v & (v - 1) for v in (cfg.block_n, cfg.block_k, cfg.warps_k)) or cfg.block_k < 16:
-        raise ValueError(f"block_n, block_k and warps_k must be powers of 2, block_k >= 16: {cfg}")
+    cfg, stream = resolve_config(fmt, n_total, k, elem, x.device, fp8_cvt, stream, overrides)
     out_dtype = out_dtype or (out.dtype if out is not None else x.dtype)
     if out is None:
         out = torch.empty(1, n_total, device=x.device, dtype=out_dtype)
@@ -366,6 +355,25 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
         OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         STREAM=stream, STAGES=cfg.num_stages, **norm_args, **pdl_launch(x.device), **reg_cap(x.device))
     return out
+
+
+def resolve_config(fmt: str, n_total: int, k: int, elem: int, device: torch.device, fp8_cvt: bool,
+                   stream: bool | None = None, overrides: dict | None = None) -> tuple[GemvConfig, bool]:
+    """(the launch config, whether the weights stream through shared memory) of one gemv_multi call: the streamed
+    K steps where asked (None: the switch gemv_stream.STREAM) and eligible, else launch_config (persistent where
+    the switch PERSISTENT is on); then the caller's config keywords (those not None) one by one."""
+    stream = not PERSISTENT and gemv_stream.use_stream(fmt, n_total, k, elem, fp8_cvt, stream)
+    cfg = launch_config(fmt, n_total, k, elem, device, PERSISTENT and not stream)
+    if stream:
+        cfg = gemv_stream.stream_config(cfg, fmt, k, elem)
+    cfg = dataclasses.replace(cfg, **{name: v for name, v in (overrides or {}).items() if v is not None})
+    if stream and (cfg.programs or k % cfg.block_k or k // cfg.block_k < 2 or cfg.num_stages < 1):
+        raise ValueError(f"the streamed GEMV takes one program a tile and K ({k}) in >= 2 steps of block_k: {cfg}")
+    if cfg.l2_ahead and device.type != "cuda":
+        raise ValueError("the L2 prefetch (l2_ahead) needs a CUDA device (Triton's interpreter has no PTX)")
+    if any(v < 1 or v & (v - 1) for v in (cfg.block_n, cfg.block_k, cfg.warps_k)) or cfg.block_k < 16:
+        raise ValueError(f"block_n, block_k and warps_k must be powers of 2, block_k >= 16: {cfg}")
+    return cfg, stream
 
 
 def norm_launch(norm: tuple | None, x: torch.Tensor, k: int) -> dict:

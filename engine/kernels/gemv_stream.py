@@ -1,20 +1,22 @@
 """The decode GEMVs' weights streamed through shared memory: K steps of a [BLOCK_N, BLOCK_K] tile, STAGES deep.
 
-Why: the FP8 GEMVs of the step (GDN in_proj_qkv+z, attention q+k+v, out_proj / o_proj) are bound by the bytes a
-program keeps in flight (docs/RESULTS.md sessions 14-15: in_proj reads its 24 MB in 9.3 us from HBM and in
-6.6 us from L2, the same code). gemv_multi's one-shot tile holds a program's whole weight tile in registers
-(182 of them for in_proj: one 8-warp program an SM, ~32 KB in flight an SM); session 14's K steps summed in
-registers halved the instructions but issued each step's loads after the last step's arithmetic, so fewer bytes
-were in flight, and it lost. Here the K loop is a `tl.range(..., num_stages=STAGES)`, which Triton's software
-pipeliner turns into cp.async copies (LDGSTS) into shared memory STAGES - 1 steps ahead: the bytes in flight no
-longer live in registers (sm_90 code: ~76 registers for in_proj's config, three programs an SM; ~2.5 SASS
-instructions a code; scripts/sass_gemv_multi.py --stream), so an SM keeps more of them in flight while it sums.
+Why: gemv_multi's one-shot tile issues a program's whole weight tile (in_proj: 16 rows x 2 KB) at once, then
+decodes and sums it. Every program of a wave is in the same phase, so an SM's loads and its arithmetic take turns
+instead of overlapping. Under the lent H200's Triton (3.6.0) the FP8 in_proj tile is 80 registers and 5.8 SASS
+instructions a code with the norm on load (scripts/sass_gemv_multi.py --fp8-cvt --pdl --norm): three 8-warp
+programs an SM, ~2.2 us of issue a wave beside ~3 us of its bytes. Two such waves plus a tail is about the
+9.3-11 us measured for its 24 MB (6.6 us with the weights in L2: docs/RESULTS.md session 15). Here the K loop is
+a `tl.range(..., num_stages=STAGES)`, which Triton's software pipeliner turns into cp.async copies (LDGSTS) into
+shared memory STAGES - 1 steps ahead, so a program sums step i while steps i + 1 .. i + STAGES - 1 arrive (3.6.0:
+80 registers and 20 KB of shared memory for in_proj's config, 6.6 instructions a code).
+(Session 14's K steps summed in registers, without the pipeliner, issued each step's loads after the last step's
+arithmetic, and lost.)
 
-Covers the dense weights and the FP8 codes through the hardware conversion (gemv_multi.FP8_CVT), wherever K
-spans at least two steps; other formats keep gemv_multi's tiles. Each thread's products add up in fp32 across
-the steps, element by element, then one reduction a row: a fixed order per launch config (a pure function of
-format, rows and K), the same bytes in a CUDA graph and eagerly; not gemv_multi's one-shot order (the bf16
-level of it). Reference: gemv_multi.gemv_multi_reference.
+Covers the dense weights and the FP8 codes through the hardware conversion (gemv_multi.FP8_CVT), in GEMVs of at
+least MIN_ROWS rows whose K spans two or more steps; other formats keep gemv_multi's tiles. Each thread's
+products add up in fp32 across the steps, element by element, then one reduction a row: a fixed order per launch
+config (a pure function of format, rows and K), the same bytes in a CUDA graph and eagerly; not gemv_multi's
+one-shot order (the bf16 level of it). Reference: gemv_multi.gemv_multi_reference.
 """
 from __future__ import annotations
 
@@ -47,6 +49,11 @@ def stream_block(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.constexp
         xv = x_values(x_ptr, cols, cols < K, nw_ptr, rstd, NORM, ROUND)
         acc += wt.to(tl.float32) * xv[None, :]
     return tl.sum(acc, axis=1)
+
+
+def use_stream(fmt: str, n_total: int, k: int, elem_bytes: int, fp8_cvt: bool, stream: bool | None = None) -> bool:
+    """Whether a GEMV streams: asked (None: the switch STREAM) and eligible."""
+    return bool((STREAM if stream is None else stream) and eligible(fmt, n_total, k, elem_bytes, fp8_cvt))
 
 
 def eligible(fmt: str, n_total: int, k: int, elem_bytes: int, fp8_cvt: bool) -> bool:
