@@ -17,7 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from bench_gemv_multi import GROUPS  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
-from sass_util import sass_of  # noqa: E402
+from sass_util import loop_instructions, sass_of  # noqa: E402
 from qwenlocal.engine.kernels import gemv_multi as gm  # noqa: E402
 from qwenlocal.engine.kernels import gemv_stream as gs  # noqa: E402
 
@@ -83,20 +83,6 @@ def main() -> None:
 def config_dict(cfg) -> dict:
     out = dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k)
     return out | ({"stages": cfg.num_stages} if cfg.num_stages > 1 else {})
-
-
-def loop_instructions(sass: str, steps: int, stages: int) -> int:
-    """Instructions a thread runs in a streamed (pipelined) kernel: the code outside its K loop once, the loop
-    body (the span of the one backward branch) once a step it runs; the pipeliner peels stages - 1 steps into
-    the prologue and epilogue, which the straight-line count already holds."""
-    ins = [(int(a, 16), t) for a, t in re.findall(r"^\s+/\*([0-9a-f]{4,5})\*/\s+([^;]*);", sass, flags=re.M)]
-    loops = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", t))
-             and int(m.group(1), 16) < a]
-    if not loops:
-        return len(ins)
-    start, end = loops[0]
-    body = sum(1 for a, _ in ins if start <= a <= end)
-    return len(ins) + body * max(0, steps - (stages - 1) - 1)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,17 @@ def sass_of(kernel, path: str, dump: bool = False) -> tuple[list[str], dict[str,
     usage = {key: (m.group(1) if (m := re.search(rf"{key}:(\d+)", res)) else "-") for key in ("REG", "STACK")}
     # addresses grow to five hex digits past 64 KiB of code
     return re.findall(r"^\s+/\*[0-9a-f]{4,5}\*/\s+([^;]*);", sass, flags=re.M), usage, sass
+
+
+def loop_instructions(sass: str, steps: int, stages: int) -> int:
+    """Instructions a thread runs in a streamed (pipelined) kernel: the code outside its K loop once, the loop
+    body (the span of the one backward branch) once a step it runs; the pipeliner peels stages - 1 steps into
+    the prologue and epilogue, which the straight-line count already holds."""
+    ins = [(int(a, 16), t) for a, t in re.findall(r"^\s+/\*([0-9a-f]{4,5})\*/\s+([^;]*);", sass, flags=re.M)]
+    loops = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", t))
+             and int(m.group(1), 16) < a]
+    if not loops:
+        return len(ins)
+    start, end = loops[0]
+    body = sum(1 for a, _ in ins if start <= a <= end)
+    return len(ins) + body * max(0, steps - (stages - 1) - 1)

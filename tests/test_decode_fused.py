@@ -280,3 +280,31 @@ def test_the_streamed_gemvs_in_the_step_match_the_unfused_step(quantized_ckpt, m
     _check(quantized_ckpt, 2)
     # 2 decode steps x 4 layers x (in_proj or q+k+v, and out_proj or o_proj); the NVFP4 LM head does not stream
     assert sum(streamed) == 2 * 4 * 2 and len(streamed) == sum(streamed) + 2
+
+
+def test_the_pipelined_gate_up_in_the_step_matches_the_unfused_step(quantized_ckpt, monkeypatch):
+    """nvfp4_experts_decode.PIPELINED: every gate/up launch of the step in K steps whose loads stream through
+    shared memory (counted: each layer of each decode step, serial and with the shared expert apart), the logits
+    within fp32 rounding of the unfused step, the same argmax."""
+    from qwenlocal.engine.kernels import nvfp4_experts_decode
+
+    monkeypatch.setattr(nvfp4_experts_decode, "PIPELINED", True)
+    calls = []
+    real = nvfp4_experts_decode.expert_gate_up_kernel
+    monkeypatch.setattr(nvfp4_experts_decode, "expert_gate_up_kernel", _Counted(real, calls))
+    _check(quantized_ckpt, 2)
+    assert calls and all(c["STAGES"] == 3 and c["BLOCK_G"] == 1 for c in calls) and len(calls) == 2 * 4
+    _check(quantized_ckpt, 2, "copy-side", expert_slots=12)
+
+
+class _Counted:
+    """A Triton kernel's launches, their constexprs recorded."""
+
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch

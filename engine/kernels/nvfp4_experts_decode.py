@@ -42,7 +42,7 @@ from .nvfp4_triton import _store_exact, exact_out
 def _gate_up_rows(x_ptr, xs, w, mask_w, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, row_words, gu_scale_at,
                   glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j, n, K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr,
                   BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
-                  GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr):
+                  GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr, STAGES: tl.constexpr = 1):
     """act[j, n] for expert j (0..k-1 routed, k the extra one) and rows n. ONE_STEP: the whole row in one K
     step, its activations xs (x_tiles of words w) already loaded; else rows_part's K loop."""
     mask_n = n < I
@@ -56,7 +56,7 @@ def _gate_up_rows(x_ptr, xs, w, mask_w, ids_ptr, words_ptr, bytes_ptr, act_ptr, 
                               DECODE, GROUP_SCALES)
     else:
         gate, up = rows_part(gate_w, gate_s, up_w, up_s, rows, mask_n, H, x_ptr, True, BLOCK_G, MASKED, DECODE,
-                              X_SPLIT, GROUP_SCALES)
+                              X_SPLIT, GROUP_SCALES, STAGES)
     gate = tl.sum(gate, axis=1) * (g_gate * 16384.0)  # 2^14: the codes' scaling, exact
     up = tl.sum(up, axis=1) * (g_up * 16384.0)
     tl.store(act_ptr + j * I + n, gate / (1.0 + tl.exp(-gate)) * up, mask=mask_n)
@@ -68,7 +68,7 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
                           K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr,
                           X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False,
-                          PERSISTENT: tl.constexpr = False):
+                          PERSISTENT: tl.constexpr = False, STAGES: tl.constexpr = 1):
     """One program a (expert, row block): grid (k (+1), I / BLOCK_N). PERSISTENT (the whole row in one K step):
     a 1-D grid of programs taking the `tiles` (expert, row block) pairs pid, pid + grid, ... in turn, expert
     major, with x's activations loaded once per program instead of once per tile: the same bytes."""
@@ -88,7 +88,7 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         _gate_up_rows(x_ptr, x_ptr, x_ptr, x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, row_words,
                       gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, tl.program_id(0), n, K_ROUTED,
-                      HAS_EXTRA, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, False)
+                      HAS_EXTRA, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, False, STAGES)
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
@@ -157,6 +157,17 @@ PERSISTENT = False
 # the sums in another order than four warps' (the bf16 level), the same in every path that runs it.
 ONE_WARP = False
 REGS_PER_THREAD = 128  # the budget one wave is sized for (the kernels' sm_90 code uses 54-64)
+# expert_gate_up as PIPELINED_STEPS K steps a row whose loads Triton's pipeliner streams through shared memory
+# (cp.async) num_stages deep, over more rows a program: a program sums one step while the next ones arrive,
+# where the one-step tile loads, then sums, in the same phase as every program of its wave. Triton pipelines a
+# loop of plain loads only where tl.range asks (num_stages of the launch alone leaves it serial: session 14's
+# block_g sweep ran unpipelined). sm_90 under the H200's Triton 3.6.0 (scripts/sass_experts_decode.py): 8 rows
+# and 4 warps a program, 4 steps of 512 codes, 3 stages: 64 registers, 10 KB of shared memory, 8 programs an SM
+# (the launch's 576 in one wave), 4.6 instructions a code against the default's 9.4. Off until its GPU A/B
+# (profile_decode arm "gupipe"); the sums in another order (per step, then across the steps): the bf16 level.
+PIPELINED = False
+PIPELINED_CONFIG = dict(block_n=8, num_warps=4, num_stages=3)
+PIPELINED_STEPS = 4
 
 
 def persistent_programs(device: torch.device, num_warps: int) -> int:
@@ -192,7 +203,8 @@ def _block_g(k_in: int, block_g: int | None) -> int:
 def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                    extra: tuple | None = None, out: torch.Tensor | None = None, *, block_n: int | None = None,
                    block_g: int | None = None, num_warps: int | None = None, decode: str | None = None,
-                   x_split: bool = True, group_scales: bool = False, programs: int | None = None) -> torch.Tensor:
+                   x_split: bool = True, group_scales: bool = False, programs: int | None = None,
+                   num_stages: int | None = None) -> torch.Tensor:
     """act fp32 [n, I] (n = k, + 1 with extra): act[j] = SiLU(gate_j x) * (up_j x) for the row rows[ids[0, j]]
     and, with extra = (gate_packed, gate_scale, gate_scale2, up_packed, up_scale, up_scale2) (QuantLinear NVFP4
     tensors [I, H/2], [I, H/16] e4m3, fp32 []), act[k] for that expert. x [1, H] (or [H]) bf16/fp16/fp32,
@@ -202,10 +214,20 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     num_warps (None: 4, or 1 where ONE_WARP is on).
     programs: at most this many persistent programs taking the (expert, row block) tiles in turn, x loaded once
     each (the whole row in one K step only; None: the module switch PERSISTENT, one wave of them, else one
-    program a tile)."""
+    program a tile). num_stages: the K steps' loads streamed through shared memory that deep (Triton's pipeliner;
+    None: 1, a plain loop). The switch PIPELINED fills the keywords left None with PIPELINED_CONFIG and
+    PIPELINED_STEPS steps a row."""
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
+    if PIPELINED and programs is None:
+        block_n = block_n or PIPELINED_CONFIG["block_n"]
+        num_warps = num_warps or PIPELINED_CONFIG["num_warps"]
+        num_stages = num_stages or PIPELINED_CONFIG["num_stages"]
+        block_g = block_g or max(1, _block_g(hidden, None) // PIPELINED_STEPS)
+    num_stages = num_stages or 1
+    if num_stages > 1 and _block_g(hidden, block_g) * 16 >= hidden:
+        raise ValueError(f"num_stages {num_stages} streams K steps: block_g must split the row (H = {hidden})")
     if num_warps is None:
         num_warps = 1 if ONE_WARP else 4
     if block_n is None:  # 2 on a GPU; in Triton's interpreter (tests) whole experts, its time going by programs
@@ -225,7 +247,8 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
         x.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out, hidden, inter, words.stride(0),
         off["gu_scale_at"], off["glob_at"], *gate, *up, tiles, K_ROUTED=k, HAS_EXTRA=extra is not None,
         BLOCK_N=block_n, BLOCK_G=bg, MASKED=masked, DECODE=_decode(decode, rows), X_SPLIT=x_split,
-        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **pdl_launch(x.device))
+        GROUP_SCALES=group_scales, PERSISTENT=persistent, STAGES=num_stages, num_warps=num_warps,
+        **({"num_stages": num_stages} if num_stages > 1 else {}), **pdl_launch(x.device))
     return out
 
 
