@@ -147,22 +147,20 @@ def persistent_grid(base, n_total: int, dev) -> list:
 
 def stream_grid(base, fmt: str, n_total: int, k: int) -> list:
     """The streamed K steps (gemv_stream.py; a config with num_stages > 1) around gemv_stream's default for this
-    GEMV: rows a program x1 / x2, 256 / 512 B of a row a step, 3 / 4 stages, the warps x1/2 / x1. base (the
-    one-shot tile) first: the reference time. Only dense / hardware-FP8 GEMVs of >= MIN_ROWS rows stream."""
+    GEMV: rows a program, warps, bytes of a row a step, stages. base (the one-shot tile) first: the reference
+    time. Only dense / hardware-FP8 GEMVs of >= MIN_ROWS rows stream."""
     out = [base]
     if not gs.eligible(fmt, n_total, k, 2, gm.FP8_CVT):
         return out
-    default = gs.stream_config(base, fmt, k, 2)
+    default = gs.stream_config(base, fmt, n_total, k, 2)
     out.append(default)
     per_byte = 1 if fmt == "fp8" else 2
-    for bn in (base.block_n, 2 * base.block_n):
-        for step in (256, 512):
-            for stages in (3, 4):
-                for nw in (max(1, base.num_warps // 2), base.num_warps):
-                    cfg = dataclasses.replace(default, block_n=bn, block_k=min(step // per_byte, k // 2),
-                                              num_stages=stages, num_warps=nw)
-                    if bn <= 64 and cfg not in out:
-                        out.append(cfg)
+    for bn, nw, step, stages in ((4, 1, 512, 3), (16, 1, 512, 3), (8, 1, 512, 4), (8, 1, 256, 4), (8, 1, 1024, 3),
+                                 (4, 1, 512, 5), (8, 2, 512, 3), (16, 2, 512, 3), (32, 4, 512, 3), (16, 4, 512, 3)):
+        cfg = dataclasses.replace(default, block_n=bn, block_k=min(step // per_byte, k // 2), num_stages=stages,
+                                  num_warps=nw)
+        if cfg not in out:
+            out.append(cfg)
     return out
 
 

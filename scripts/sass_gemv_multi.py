@@ -68,7 +68,7 @@ def main() -> None:
         cfg = gm.choose_config(fmt, n_total, k)
         stream = args.stream and gs.eligible(fmt, n_total, k, 2, args.fp8_cvt)
         if stream:
-            cfg = gs.stream_config(cfg, fmt, k, 2)
+            cfg = gs.stream_config(cfg, fmt, n_total, k, 2)
         kernel = compile_sm90(fmt, len(shapes), k, cfg, args.persistent, args.pdl, args.fp8_cvt, args.norm, stream)
         stem = re.sub(r"\W+", "_", name)
         path = os.path.join(args.dump or "/tmp", f"gemv_multi_{stem}")

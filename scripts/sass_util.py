@@ -47,14 +47,19 @@ def sass_of(kernel, path: str, dump: bool = False) -> tuple[list[str], dict[str,
 
 
 def loop_instructions(sass: str, steps: int, stages: int) -> int:
-    """Instructions a thread runs in a streamed (pipelined) kernel: the code outside its K loop once, the loop
-    body (the span of the one backward branch) once a step it runs; the pipeliner peels stages - 1 steps into
-    the prologue and epilogue, which the straight-line count already holds."""
+    """Instructions a thread runs in a kernel with one K loop of `steps` iterations (the span of its one backward
+    branch): the code outside the loop once, the loop body once an iteration it runs. Triton's pipeliner keeps
+    every step's arithmetic in the loop (its prologue issues only loads); where it peels steps, their FMAs
+    show outside the body, and the body runs that many times fewer (counted by the FMAs' ratio). `stages`: for
+    the caller's record (the peeling is read off the code)."""
     ins = [(int(a, 16), t) for a, t in re.findall(r"^\s+/\*([0-9a-f]{4,5})\*/\s+([^;]*);", sass, flags=re.M)]
     loops = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", t))
              and int(m.group(1), 16) < a]
-    if not loops:
+    if not loops or steps <= 1:
         return len(ins)
     start, end = loops[0]
-    body = sum(1 for a, _ in ins if start <= a <= end)
-    return len(ins) + body * max(0, steps - (stages - 1) - 1)
+    inside = [t for a, t in ins if start <= a <= end]
+    fma = lambda ts: sum(1 for t in ts if re.search(r"\b[HF]FMA", t))  # noqa: E731
+    outside = fma(t for a, t in ins if not start <= a <= end)
+    peeled = round(outside / fma(inside)) if fma(inside) else 0
+    return len(ins) + len(inside) * max(0, steps - peeled - 1)

@@ -365,7 +365,7 @@ def resolve_config(fmt: str, n_total: int, k: int, elem: int, device: torch.devi
     stream = not PERSISTENT and gemv_stream.use_stream(fmt, n_total, k, elem, fp8_cvt, stream)
     cfg = launch_config(fmt, n_total, k, elem, device, PERSISTENT and not stream)
     if stream:
-        cfg = gemv_stream.stream_config(cfg, fmt, k, elem)
+        cfg = gemv_stream.stream_config(cfg, fmt, n_total, k, elem)
     cfg = dataclasses.replace(cfg, **{name: v for name, v in (overrides or {}).items() if v is not None})
     if stream and (cfg.programs or k % cfg.block_k or k // cfg.block_k < 2 or cfg.num_stages < 1):
         raise ValueError(f"the streamed GEMV takes one program a tile and K ({k}) in >= 2 steps of block_k: {cfg}")

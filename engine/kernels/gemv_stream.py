@@ -7,10 +7,13 @@ instructions a code with the norm on load (scripts/sass_gemv_multi.py --fp8-cvt 
 programs an SM, ~2.2 us of issue a wave beside ~3 us of its bytes. Two such waves plus a tail is about the
 9.3-11 us measured for its 24 MB (6.6 us with the weights in L2: docs/RESULTS.md session 15). Here the K loop is
 a `tl.range(..., num_stages=STAGES)`, which Triton's software pipeliner turns into cp.async copies (LDGSTS) into
-shared memory STAGES - 1 steps ahead, so a program sums step i while steps i + 1 .. i + STAGES - 1 arrive (3.6.0:
-80 registers and 20 KB of shared memory for in_proj's config, 6.6 instructions a code).
-(Session 14's K steps summed in registers, without the pipeliner, issued each step's loads after the last step's
-arithmetic, and lost.)
+shared memory STAGES - 1 steps ahead, so a program sums step i while steps i + 1 .. i + STAGES - 1 arrive.
+A program is one warp over 8 rows (each lane's 16-byte run of a step, and the x values it normalises, serve 8
+rows; 4 rows where 8 would leave fewer than 512 programs), each lane's run summed in registers first. Under
+3.6.0: in_proj with its norm 66 registers, 12 KB of shared memory, 5.3 instructions a code (one-shot: 5.8);
+out_proj 48 registers, 4.3 (4.9). (Session 14's K steps summed in registers, without the pipeliner, issued each
+step's loads after the last step's arithmetic, and lost; 8 warps over 16 rows here cost 11 instructions a code
+with the norm, x normalised for 2 rows a thread.)
 
 Covers the dense weights and the FP8 codes through the hardware conversion (gemv_multi.FP8_CVT), in GEMVs of at
 least MIN_ROWS rows whose K spans two or more steps; other formats keep gemv_multi's tiles. Each thread's
@@ -30,8 +33,11 @@ from .gemv_codes import x_values
 # The fused step's FP8 / dense GEMVs through the streamed tile: off until its GPU A/B (profile_decode arm
 # "stream"; its configs swept by scripts/bench_gemv_multi.py --grid stream).
 STREAM = False
-STEP_BYTES = 512  # weight bytes of one row a K step (FP8: 512 codes; bf16: 256 elements)
+STEP_BYTES = 512  # weight bytes of one row a K step (FP8: 512 codes; bf16: 256 elements): 16 B a lane of a warp
 STAGES = 3  # K steps in flight: the one summed and two copying
+ROWS = 8  # rows a program (each thread's x values serve all of them), fewer where that leaves < TARGET_PROGRAMS
+WARPS = 1  # one warp a program: a K step's row is one 16-byte load a lane, nothing reduced across warps
+TARGET_PROGRAMS = 512  # as gemv_multi's: ~4 an SM of an H200 at the least
 MIN_ROWS = 512  # below this (the router, in_proj_b+a: latency-bound, 1-2 rows a program) the one-shot tile stays
 
 
@@ -42,12 +48,15 @@ def stream_block(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.constexp
     """sum over K of W[rows] * x for a plain [N, K] weight or FP8 codes as float8e4nv elements (their scale
     applied by the caller): K / BLOCK_K steps, pipelined STAGES deep through shared memory; K % BLOCK_K == 0.
     NORM: x is a residual, RMS-normed as it is loaded (gemv_codes.x_values)."""
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    VEC: tl.constexpr = 128 // w.dtype.element_ty.primitive_bitwidth  # the elements of a 16-byte load
+    acc = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
         wt = tl.load(w + rows64[:, None] * K + cols[None, :], mask=mask_n[:, None], other=0.0)
         xv = x_values(x_ptr, cols, cols < K, nw_ptr, rstd, NORM, ROUND)
-        acc += wt.to(tl.float32) * xv[None, :]
+        prod = wt.to(tl.float32) * xv[None, :]
+        # each thread's 16-byte run summed in order first (registers), so the accumulator is VEC times smaller
+        acc += tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // VEC, VEC]), axis=2)
     return tl.sum(acc, axis=1)
 
 
@@ -70,7 +79,11 @@ def step_elements(fmt: str, k: int, elem_bytes: int) -> int:
     return min(per, triton.next_power_of_2(k) // 2)
 
 
-def stream_config(cfg, fmt: str, k: int, elem_bytes: int):
-    """gemv_multi's GemvConfig with the streamed K steps: block_k one step, num_stages STAGES (rows a program and
-    warps as chosen for the one-shot tile)."""
-    return dataclasses.replace(cfg, block_k=step_elements(fmt, k, elem_bytes), num_stages=STAGES, warps_k=1)
+def stream_config(cfg, fmt: str, n_total: int, k: int, elem_bytes: int):
+    """gemv_multi's GemvConfig with the streamed K steps: block_k one step, num_stages STAGES, ROWS rows a program
+    (halved while that gives fewer than TARGET_PROGRAMS programs) of WARPS warps."""
+    block_n = ROWS
+    while block_n > 1 and triton.cdiv(n_total, block_n) < TARGET_PROGRAMS:
+        block_n //= 2
+    return dataclasses.replace(cfg, block_n=block_n, block_k=step_elements(fmt, k, elem_bytes), num_warps=WARPS,
+                               warps_k=1, num_stages=STAGES)
