@@ -9,7 +9,8 @@ expert (random codes and block scales, engine/kernels/nvfp4_grouped.random_nvfp4
   new              sigmoid(shared gate) + nvfp4_moe_decode_fused (two launches) at the best configs found
   gate_up <cfg>    expert_gate_up alone (routed + shared gate/up) over a grid of launch configs (persistent
                    programs: block_n x num_warps x one / two waves; then block_n x num_warps x x_split, scales and
-                   K steps), defaults first; the other decodes last
+                   K steps), defaults first, then one warp a program and K steps streamed through shared memory
+                   (num_stages: nvfp4_experts_decode.PIPELINED's configs); the other decodes last
   down <cfg>       expert_down alone (routed + shared down, extra_scale) likewise (block_m x num_warps x x_split, ...)
 Each row: microseconds per call (CUDA: a CUDA graph of --inner calls, each on its own instance: other expert
 ids and another shared expert, so that the 50 MB L2 does not hold the weights between calls; median over

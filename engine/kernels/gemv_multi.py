@@ -187,9 +187,10 @@ L2_AHEAD = 2
 # round faster (docs/RESULTS.md, session 9 call 1). GPUs before sm_89 keep the bit path.
 FP8_CVT = True
 REGS_PER_THREAD = 128  # what the configs' sm_90 code uses at most (scripts/sass_gemv_multi.py): 2 x 8 warps an SM
-# The cap above as ptxas' register limit (maxnreg). Off: without it the FP8 in_proj and q+k+v tiles compile to 182
-# registers (sm_90, session 16), so only one 8-warp program fits an SM, where the configs assume two. At 128 they
-# spill ~77 instructions' worth to local memory. Its GPU A/B is profile_decode arm "regcap". No byte moves.
+# The cap above as ptxas' register limit (maxnreg). Off. Its premise (the FP8 in_proj and q+k+v tiles at 182
+# registers, one 8-warp program an SM) was Triton 3.9's code; the H200 runs 3.6.0, where they are 80 registers
+# and the cap makes ptxas take 99 (three programs an SM become two: session 17). Its GPU A/B is profile_decode arm
+# "regcap". No byte moves.
 REG_CAP = False
 
 

@@ -1,12 +1,14 @@
 """A batch-1 NVFP4 GEMV on the tensor cores, for the LM head: logits = x @ W^T, W [N, K] NVFP4.
 
 Why: the LM head (248,320 x 2,048 NVFP4, 273 MB) is the step's largest launch. gemv_multi runs it at ~132 us on
-the H200, 2.1 TB/s, about half of HBM speed. Its sm_90 code spends ~6.9 instructions a weight code (the E2M1
-decode, an fp16 -> fp32 conversion and one FMA a code, then the reductions). 545 M codes at that rate are ~120 us
-of issue on 132 SMs, so this launch, unlike the small expert launches (nvfp4_experts_mma.py: slower there), is
-bound by issue. Here a code costs its decode into fp16 tensor-core operands (~2 instructions, two codes a
-register, the block scale multiplied in fp16x2), and the tensor cores do the multiply-adds (tl.dot, fp32
-accumulate), with x broadcast to the operand's 16 columns.
+the H200, 2.1 TB/s, about half of HBM speed. Its sm_90 code under the H200's Triton (3.6.0) spends 5.8
+instructions a weight code (the E2M1 decode, an fp16 -> fp32 conversion and one FMA a code, then the
+reductions): 545 M codes are ~95 us of issue on 132 SMs against 66 us of HBM time, so this launch, unlike the
+small expert launches (nvfp4_experts_mma.py: slower there), is bound by issue. Here a code costs its decode into
+fp16 tensor-core operands (two codes a register, the block scale multiplied in fp16x2), and the tensor cores do
+the multiply-adds (tl.dot, fp32 accumulate), with x broadcast to the operand's 16 columns: 5.05 instructions a
+code under 3.6.0 at 64 rows and 4 warps (3.8 under 3.9.0, where gemv_multi's is 6.9: the first estimates of
+both were 3.9.0's; docs/RESULTS.md session 17).
 
 The arithmetic is nvfp4_experts_mma's scaled form (its _step_dot and _code_index, and the same precision). x goes to
 fp16: exact for |x| in [2^-14, 65504]. Below 2^-14 it is within 2^-25 absolute. The step checks once that the
