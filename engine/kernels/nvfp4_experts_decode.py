@@ -163,7 +163,7 @@ REGS_PER_THREAD = 128  # the budget one wave is sized for (the kernels' sm_90 co
 # loop of plain loads only where tl.range asks (num_stages of the launch alone leaves it serial: session 14's
 # block_g sweep ran unpipelined). sm_90 under the H200's Triton 3.6.0 (scripts/sass_experts_decode.py): 8 rows
 # and 4 warps a program, 4 steps of 512 codes, 3 stages: 64 registers, 10 KB of shared memory, 8 programs an SM
-# (the launch's 576 in one wave), 4.6 instructions a code against the default's 9.4. Off until its GPU A/B
+# (the launch's 576 in one wave), 7.9 instructions a code against the default's 9.4. Off until its GPU A/B
 # (profile_decode arm "gupipe"); the sums in another order (per step, then across the steps): the bf16 level.
 PIPELINED = False
 PIPELINED_CONFIG = dict(block_n=8, num_warps=4, num_stages=3)
