@@ -218,9 +218,9 @@ def main() -> int:
         # K steps streamed through shared memory (num_stages: Triton's pipeliner, session 17), PIPELINED's
         # default first: rows a program, warps, groups a step (128 groups a row), stages
         gu_grid += [dict(block_n=bn, num_warps=nw, block_g=bg, num_stages=ns)
-                    for bn, nw, bg, ns in ((8, 4, 32, 3), (8, 2, 32, 3), (16, 4, 32, 3), (16, 8, 32, 3),
-                                           (8, 4, 16, 4), (16, 4, 16, 4), (8, 4, 32, 2), (4, 2, 32, 3),
-                                           (32, 8, 16, 3), (16, 8, 64, 2))]
+                    for bn, nw, bg, ns in ((4, 1, 32, 3), (8, 1, 32, 3), (8, 1, 16, 4), (2, 1, 32, 3),
+                                           (4, 1, 32, 4), (8, 2, 32, 3), (8, 4, 32, 3), (16, 4, 32, 3),
+                                           (16, 2, 32, 3), (4, 1, 64, 2))]
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         gu_grid += [dict(stream=True, programs=sms * per_sm, num_warps=nw)  # session 16: the look-ahead programs
                     for per_sm, nw in ((4, 4), (2, 4), (8, 4), (4, 2), (8, 2))]

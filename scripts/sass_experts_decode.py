@@ -43,7 +43,8 @@ def compile_sm90(block_n: int, num_warps: int, block_g: int | None = None, num_s
 # (block_n, warps, block_g, stages): the default 2 x 4 (one K step), ONE_WARP 2 x 1; then K steps of block_g groups
 # that Triton's pipeliner streams through shared memory (cp.async, LDGSTS) `stages` deep
 CONFIGS = [(2, 4, None, 1), (2, 1, None, 1), (1, 1, None, 1), (4, 1, None, 1), (4, 4, None, 1), (8, 4, None, 1),
-           (8, 4, 32, 3), (16, 4, 32, 3), (16, 8, 32, 3), (16, 4, 16, 4), (8, 2, 32, 3), (32, 8, 16, 3)]
+           (8, 4, 32, 3), (16, 4, 32, 3), (16, 8, 32, 3), (16, 4, 16, 4), (8, 2, 32, 3), (32, 8, 16, 3),
+           (4, 1, 32, 3), (8, 1, 32, 3), (8, 1, 16, 4), (16, 2, 32, 3), (8, 4, 64, 2), (16, 4, 64, 2)]
 
 
 def main() -> None:

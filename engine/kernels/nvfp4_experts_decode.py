@@ -161,12 +161,14 @@ REGS_PER_THREAD = 128  # the budget one wave is sized for (the kernels' sm_90 co
 # (cp.async) num_stages deep, over more rows a program: a program sums one step while the next ones arrive,
 # where the one-step tile loads, then sums, in the same phase as every program of its wave. Triton pipelines a
 # loop of plain loads only where tl.range asks (num_stages of the launch alone leaves it serial: session 14's
-# block_g sweep ran unpipelined). sm_90 under the H200's Triton 3.6.0 (scripts/sass_experts_decode.py): 8 rows
-# and 4 warps a program, 4 steps of 512 codes, 3 stages: 64 registers, 10 KB of shared memory, 8 programs an SM
-# (the launch's 576 in one wave), 7.9 instructions a code against the default's 9.4. Off until its GPU A/B
-# (profile_decode arm "gupipe"); the sums in another order (per step, then across the steps): the bf16 level.
+# block_g sweep ran unpipelined). sm_90 under the H200's Triton 3.6.0 (scripts/sass_experts_decode.py): 4 rows
+# and one warp a program, 4 steps of 512 codes, 3 stages: 72 registers, 6 KB of shared memory, 28 programs an SM
+# (the launch's 1,152 in one wave), 6.6 instructions a code against the default's 9.4 (8 rows at 4 warps: 7.9).
+# At ~19 M codes a launch that is ~3.7 us of issue against ~2.3 us of HBM time, so the count matters here. Off
+# until its GPU A/B (profile_decode arm "gupipe"); the sums in another order (per step, then across the steps):
+# the bf16 level.
 PIPELINED = False
-PIPELINED_CONFIG = dict(block_n=8, num_warps=4, num_stages=3)
+PIPELINED_CONFIG = dict(block_n=4, num_warps=1, num_stages=3)
 PIPELINED_STEPS = 4
 
 
