@@ -51,8 +51,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", help="write ttgir / ptx / sass per config here")
     args = ap.parse_args()
-    print(f"{'block_n':>7} {'warps':>5} {'groups':>6} {'stages':>6} {'regs':>4} {'stack':>5} {'smem':>6} {'instrs':>6} {'LDG':>4} {'BAR':>4} "
-          f"{'SHFL':>4} {'LDGSTS':>6} {'programs/SM':>11} {'instr/code':>10}")
+    print(f"{'block_n':>7} {'warps':>5} {'groups':>6} {'stages':>6} {'regs':>4} {'stack':>5} {'smem':>6} "
+          f"{'instrs':>6} {'LDG':>4} {'BAR':>4} {'SHFL':>4} {'LDGSTS':>6} {'programs/SM':>11} {'instr/code':>10}")
     for block_n, num_warps, block_g, stages in CONFIGS:
         kernel = compile_sm90(block_n, num_warps, block_g, stages)
         path = os.path.join(args.dump or "/tmp", f"experts_decode_{block_n}_{num_warps}_{block_g}_{stages}")

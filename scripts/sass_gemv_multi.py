@@ -3,7 +3,8 @@
 choose_config's config: registers, spill stack, shared memory, SASS instructions, 16 B loads, layout conversions.
 A check that the kernel compiles for the H200 and how much work a thread does, not a timing.
 
-    python scripts/sass_gemv_multi.py [--dump DIR] [--persistent] [--pdl] [--fp8-cvt] [--norm] [--stream]   # DIR: ttgir / ptx / sass per shape
+    PYTHONPATH=/tmp/tri36 python scripts/sass_gemv_multi.py [--dump DIR] [--persistent] [--pdl] [--fp8-cvt]
+        [--norm] [--stream]   # DIR: ttgir / ptx / sass per shape; /tmp/tri36: the H200's Triton (sass_util.py)
 """
 from __future__ import annotations
 

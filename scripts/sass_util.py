@@ -53,8 +53,8 @@ def loop_instructions(sass: str, steps: int, stages: int) -> int:
     show outside the body, and the body runs that many times fewer (counted by the FMAs' ratio). `stages`: for
     the caller's record (the peeling is read off the code)."""
     ins = [(int(a, 16), t) for a, t in re.findall(r"^\s+/\*([0-9a-f]{4,5})\*/\s+([^;]*);", sass, flags=re.M)]
-    loops = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", t))
-             and int(m.group(1), 16) < a]
+    branch = r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)"
+    loops = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(branch, t)) and int(m.group(1), 16) < a]
     if not loops or steps <= 1:
         return len(ins)
     start, end = loops[0]

@@ -86,19 +86,24 @@ def one_code_per_row(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return cols, x
 
 
+def every_fp8_code(k: int) -> tuple[dict, torch.Tensor]:
+    """(an FP8 weight whose row r holds the r-th of the 254 non-NaN E4M3 codes in a zero row, x of powers of two)
+    on DEVICE: every product exact, so a GEMV of them is byte-equal to its reference."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 127) != 127]
+    cols, x = one_code_per_row(codes.numel(), k)
+    w = torch.zeros(codes.numel(), k, dtype=torch.uint8)
+    w[torch.arange(codes.numel()), cols] = codes
+    part = {"weight": w.view(torch.float8_e4m3fn).to(DEVICE), "weight_scale": torch.tensor(0.0123).to(DEVICE)}
+    return part, x.to(DEVICE)
+
+
 @pytest.mark.parametrize("fp8_cvt", [False, True])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_fp8_every_code_is_exact(out_dtype, fp8_cvt, nan_empty):
     """Each row holds one E4M3 code (all 254 non-NaN codes: both signs, subnormals) in a zero row: the output is
     the dequantized weight times an x power of two, byte-equal to the reference."""
-    codes = torch.arange(256, dtype=torch.uint8)
-    codes = codes[(codes & 127) != 127]
-    n, k = codes.numel(), 96
-    cols, x = one_code_per_row(n, k)
-    w = torch.zeros(n, k, dtype=torch.uint8)
-    w[torch.arange(n), cols] = codes
-    part = {"weight": w.view(torch.float8_e4m3fn).to(DEVICE), "weight_scale": torch.tensor(0.0123).to(DEVICE)}
-    xd = x.to(DEVICE)
+    part, xd = every_fp8_code(96)
     y = gemv_multi(xd, [part, part], out_dtype=out_dtype, block_n=32, num_warps=4, fp8_cvt=fp8_cvt)
     assert torch.equal(y.cpu(), gemv_multi_reference(xd, [part, part], out_dtype).cpu())
 

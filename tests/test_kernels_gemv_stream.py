@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 from qwenlocal.engine.kernels import gemv_multi as gm  # noqa: E402
 from qwenlocal.engine.kernels import gemv_stream as gs  # noqa: E402
 from qwenlocal.engine.kernels.gemv_multi import gemv_multi, gemv_multi_reference  # noqa: E402
-from test_kernels_gemv_multi import abs_bound, make_part, one_code_per_row  # noqa: E402
+from test_kernels_gemv_multi import abs_bound, every_fp8_code, make_part  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -64,14 +64,7 @@ def test_every_step_config_matches_the_reference(config, small_rows, nan_empty):
 def test_every_fp8_code_is_exact_through_the_steps(out_dtype, small_rows, nan_empty):
     """Each row holds one E4M3 code (all 254 non-NaN codes, subnormals too) in a zero row, spread over K's
     steps: the output is the dequantized code times an x power of two, byte-equal to the reference."""
-    codes = torch.arange(256, dtype=torch.uint8)
-    codes = codes[(codes & 127) != 127]
-    n, k = codes.numel(), 128
-    cols, x = one_code_per_row(n, k)
-    w = torch.zeros(n, k, dtype=torch.uint8)
-    w[torch.arange(n), cols] = codes
-    part = {"weight": w.view(torch.float8_e4m3fn).to(DEVICE), "weight_scale": torch.tensor(0.0123).to(DEVICE)}
-    xd = x.to(DEVICE)
+    part, xd = every_fp8_code(128)
     y = gemv_multi(xd, [part, part], out_dtype=out_dtype, stream=True, fp8_cvt=True, block_k=32, num_stages=3)
     assert torch.equal(y.cpu(), gemv_multi_reference(xd, [part, part], out_dtype).cpu())
 

@@ -153,8 +153,9 @@ DECODES = ("asm", "fp16", "exact")
 # experts' rows streams worse than a program a tile. The same bytes (tests/test_kernels_nvfp4_experts_decode.py).
 PERSISTENT = False
 # expert_gate_up at one warp a program (block_n 2): no cross-warp reduction, 6.3 SASS instructions a code against
-# 9.4 at four warps, and 160 registers (sm_90 under the H200's Triton 3.6.0, scripts/sass_experts_decode.py). Off until its GPU A/B (profile_decode arm "gu1warp");
-# the sums in another order than four warps' (the bf16 level), the same in every path that runs it.
+# 9.4 at four warps, and 160 registers (sm_90 under the H200's Triton 3.6.0, scripts/sass_experts_decode.py).
+# Off until its GPU A/B (profile_decode arm "gu1warp"); the sums in another order than four warps' (the bf16
+# level), the same in every path that runs it.
 ONE_WARP = False
 REGS_PER_THREAD = 128  # the budget one wave is sized for (the kernels' sm_90 code uses 54-64)
 # expert_gate_up as PIPELINED_STEPS K steps a row whose loads Triton's pipeliner streams through shared memory
