@@ -223,7 +223,7 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
-    if PIPELINED and programs is None:
+    if PIPELINED and programs is None and hidden >= 32:  # (a row of one 16-code group has no steps to stream)
         block_n = block_n or PIPELINED_CONFIG["block_n"]
         num_warps = num_warps or PIPELINED_CONFIG["num_warps"]
         num_stages = num_stages or PIPELINED_CONFIG["num_stages"]
