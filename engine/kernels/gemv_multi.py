@@ -366,7 +366,7 @@ def resolve_config(fmt: str, n_total: int, k: int, elem: int, device: torch.devi
     stream = not PERSISTENT and gemv_stream.use_stream(fmt, n_total, k, elem, fp8_cvt, stream)
     cfg = launch_config(fmt, n_total, k, elem, device, PERSISTENT and not stream)
     if stream:
-        cfg = gemv_stream.stream_config(cfg, fmt, n_total, k, elem)
+        cfg = gemv_stream.stream_config(cfg, fmt, n_total, k, elem, device_sms(device))
     cfg = dataclasses.replace(cfg, **{name: v for name, v in (overrides or {}).items() if v is not None})
     if stream and (cfg.programs or k % cfg.block_k or k // cfg.block_k < 2 or cfg.num_stages < 1):
         raise ValueError(f"the streamed GEMV takes one program a tile and K ({k}) in >= 2 steps of block_k: {cfg}")
@@ -375,6 +375,13 @@ def resolve_config(fmt: str, n_total: int, k: int, elem: int, device: torch.devi
     if any(v < 1 or v & (v - 1) for v in (cfg.block_n, cfg.block_k, cfg.warps_k)) or cfg.block_k < 16:
         raise ValueError(f"block_n, block_k and warps_k must be powers of 2, block_k >= 16: {cfg}")
     return cfg, stream
+
+
+def device_sms(device: torch.device) -> int:
+    """The device's SMs (off a GPU: an H200's 132, what the configs are sized for)."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def norm_launch(norm: tuple | None, x: torch.Tensor, k: int) -> dict:

@@ -11,7 +11,7 @@ shared memory STAGES - 1 steps ahead, so a program sums step i while steps i + 1
 A program is one warp over 8 rows (each lane's 16-byte run of a step, and the x values it normalises, serve 8
 rows; 4 rows where 8 would leave fewer than 512 programs), each lane's run summed in registers first. Under
 3.6.0: in_proj with its norm 66 registers, 12 KB of shared memory, 5.3 instructions a code (one-shot: 5.8);
-out_proj 48 registers, 4.3 (4.9). (Session 14's K steps summed in registers, without the pipeliner, issued each
+out_proj 47 registers at 7 stages, 4.4 (4.9). (Session 14's K steps summed in registers, without the pipeliner, issued each
 step's loads after the last step's arithmetic, and lost; 8 warps over 16 rows here cost 11 instructions a code
 with the norm, x normalised for 2 rows a thread.)
 
@@ -34,7 +34,8 @@ from .gemv_codes import x_values
 # "stream"; its configs swept by scripts/bench_gemv_multi.py --grid stream).
 STREAM = False
 STEP_BYTES = 512  # weight bytes of one row a K step (FP8: 512 codes; bf16: 256 elements): 16 B a lane of a warp
-STAGES = 3  # K steps in flight: the one summed and two copying
+STAGES = 3  # K steps in flight at the least: the one summed and two copying
+IN_FLIGHT = 48 * 1024  # weight bytes an SM keeps copying: more stages where its programs are few (out_proj)
 ROWS = 8  # rows a program (each thread's x values serve all of them), fewer where that leaves < TARGET_PROGRAMS
 WARPS = 1  # one warp a program: a K step's row is one 16-byte load a lane, nothing reduced across warps
 TARGET_PROGRAMS = 512  # as gemv_multi's: ~4 an SM of an H200 at the least
@@ -79,11 +80,16 @@ def step_elements(fmt: str, k: int, elem_bytes: int) -> int:
     return min(per, triton.next_power_of_2(k) // 2)
 
 
-def stream_config(cfg, fmt: str, n_total: int, k: int, elem_bytes: int):
-    """gemv_multi's GemvConfig with the streamed K steps: block_k one step, num_stages STAGES, ROWS rows a program
-    (halved while that gives fewer than TARGET_PROGRAMS programs) of WARPS warps."""
+def stream_config(cfg, fmt: str, n_total: int, k: int, elem_bytes: int, sms: int = 132):
+    """gemv_multi's GemvConfig with the streamed K steps: block_k one step, ROWS rows a program (halved while that
+    gives fewer than TARGET_PROGRAMS programs) of WARPS warps, and STAGES stages, more (up to the row's steps)
+    where an SM's programs (sms: the device's SMs; 132, an H200's, off a GPU) would keep fewer than IN_FLIGHT
+    bytes copying. The stages move loads only, not the sums: the bytes do not depend on them."""
     block_n = ROWS
     while block_n > 1 and triton.cdiv(n_total, block_n) < TARGET_PROGRAMS:
         block_n //= 2
-    return dataclasses.replace(cfg, block_n=block_n, block_k=step_elements(fmt, k, elem_bytes), num_warps=WARPS,
-                               warps_k=1, num_stages=STAGES)
+    block_k = step_elements(fmt, k, elem_bytes)
+    step_bytes = block_n * block_k * (1 if fmt == "fp8" else elem_bytes)
+    per_sm = triton.cdiv(triton.cdiv(n_total, block_n), sms)
+    stages = min(max(STAGES, triton.cdiv(IN_FLIGHT, per_sm * step_bytes) + 1), k // block_k)
+    return dataclasses.replace(cfg, block_n=block_n, block_k=block_k, num_warps=WARPS, warps_k=1, num_stages=stages)
