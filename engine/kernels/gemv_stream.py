@@ -11,9 +11,9 @@ shared memory STAGES - 1 steps ahead, so a program sums step i while steps i + 1
 A program is one warp over 8 rows (each lane's 16-byte run of a step, and the x values it normalises, serve 8
 rows; 4 rows where 8 would leave fewer than 512 programs), each lane's run summed in registers first. Under
 3.6.0: in_proj with its norm 66 registers, 12 KB of shared memory, 5.3 instructions a code (one-shot: 5.8);
-out_proj 47 registers at 7 stages, 4.4 (4.9). (Session 14's K steps summed in registers, without the pipeliner, issued each
-step's loads after the last step's arithmetic, and lost; 8 warps over 16 rows here cost 11 instructions a code
-with the norm, x normalised for 2 rows a thread.)
+out_proj 47 registers at 7 stages, 4.4 (4.9). (Session 14's K steps summed in registers, without the
+pipeliner, issued each step's loads after the last step's arithmetic, and lost; 8 warps over 16 rows here cost
+11 instructions a code with the norm, x normalised for 2 rows a thread.)
 
 Covers the dense weights and the FP8 codes through the hardware conversion (gemv_multi.FP8_CVT), in GEMVs of at
 least MIN_ROWS rows whose K spans two or more steps; other formats keep gemv_multi's tiles. Each thread's
