@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from qwenlocal.engine.kernels.fp8_triton import fp8_gemv
 from qwenlocal.engine.kernels import gemv_multi as gm
 from qwenlocal.engine.kernels import gemv_stream as gs
+from qwenlocal.engine.kernels.launch import device_sms
 from qwenlocal.engine.kernels.gemv_multi import choose_config, gemv, gemv_multi, gemv_multi_reference
 from qwenlocal.engine.kernels.nvfp4_triton import nvfp4_gemv
 
@@ -145,14 +146,14 @@ def persistent_grid(base, n_total: int, dev) -> list:
     return out
 
 
-def stream_grid(base, fmt: str, n_total: int, k: int) -> list:
+def stream_grid(base, fmt: str, n_total: int, k: int, dev) -> list:
     """The streamed K steps (gemv_stream.py; a config with num_stages > 1) around gemv_stream's default for this
     GEMV: rows a program, warps, bytes of a row a step, stages. base (the one-shot tile) first: the reference
     time. Only dense / hardware-FP8 GEMVs of >= MIN_ROWS rows stream."""
     out = [base]
     if not gs.eligible(fmt, n_total, k, 2, gm.FP8_CVT):
         return out
-    default = gs.stream_config(base, fmt, n_total, k, 2)
+    default = gs.stream_config(base, fmt, n_total, k, 2, device_sms(dev))
     out.append(default)
     per_byte = 1 if fmt == "fp8" else 2
     for bn, nw, step, stages in ((4, 1, 512, 3), (16, 1, 512, 3), (8, 1, 512, 4), (8, 1, 256, 4), (8, 1, 1024, 3),
@@ -207,7 +208,7 @@ def main() -> None:
         grid = args.grid or ("small" if cuda else "none")
         configs = {"small": lambda: config_grid(base), "none": lambda: [base],
                    "persistent": lambda: persistent_grid(base, n_total, dev),
-                   "stream": lambda: stream_grid(base, fmt, n_total, k)}[grid]()
+                   "stream": lambda: stream_grid(base, fmt, n_total, k, dev)}[grid]()
         results = []
         for cfg in configs:
             try:

@@ -63,7 +63,7 @@ def main() -> None:
                      228 * 1024 // max(1, kernel.metadata.shared))
         codes = 2 * block_n * HIDDEN / (32 * num_warps)  # gate and up rows of a program, over its threads
         steps = HIDDEN // 16 // ed._block_g(HIDDEN, block_g)
-        instrs = loop_instructions(sass, steps, stages) if steps > 1 else len(body)
+        instrs = loop_instructions(sass, steps)
         print(f"{block_n:>7} {num_warps:>5} {str(block_g):>6} {stages:>6} {regs:>4} {usage['STACK']:>5} "
               f"{kernel.metadata.shared:>6} {len(body):>6} {count('LDG'):>4} {count('BAR'):>4} {count('SHFL'):>4} "
               f"{count('LDGSTS'):>6} {per_sm:>11} {instrs / codes:>10.2f}")

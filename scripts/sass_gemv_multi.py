@@ -74,7 +74,7 @@ def main() -> None:
         stem = re.sub(r"\W+", "_", name)
         path = os.path.join(args.dump or "/tmp", f"gemv_multi_{stem}")
         lines, usage, sass = sass_of(kernel, path, bool(args.dump))
-        instrs = loop_instructions(sass, k // cfg.block_k, cfg.num_stages) if stream else len(lines)
+        instrs = loop_instructions(sass, k // cfg.block_k)
         codes = cfg.block_n * k // (32 * cfg.num_warps)  # weight elements a thread decodes
         regs, stack = usage["REG"], usage["STACK"]
         print(f"{name:20} {str(config_dict(cfg)):58} {regs:>4} {stack:>5} {kernel.metadata.shared:5} {instrs:6} "

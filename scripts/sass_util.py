@@ -46,12 +46,12 @@ def sass_of(kernel, path: str, dump: bool = False) -> tuple[list[str], dict[str,
     return re.findall(r"^\s+/\*[0-9a-f]{4,5}\*/\s+([^;]*);", sass, flags=re.M), usage, sass
 
 
-def loop_instructions(sass: str, steps: int, stages: int) -> int:
+def loop_instructions(sass: str, steps: int) -> int:
     """Instructions a thread runs in a kernel with one K loop of `steps` iterations (the span of its one backward
     branch): the code outside the loop once, the loop body once an iteration it runs. Triton's pipeliner keeps
     every step's arithmetic in the loop (its prologue issues only loads); where it peels steps, their FMAs
-    show outside the body, and the body runs that many times fewer (counted by the FMAs' ratio). `stages`: for
-    the caller's record (the peeling is read off the code)."""
+    show outside the body, and the body runs that many times fewer (counted by the FMAs' ratio). No loop, or
+    one step: the straight-line count."""
     ins = [(int(a, 16), t) for a, t in re.findall(r"^\s+/\*([0-9a-f]{4,5})\*/\s+([^;]*);", sass, flags=re.M)]
     branch = r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)"
     loops = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(branch, t)) and int(m.group(1), 16) < a]

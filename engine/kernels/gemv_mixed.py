@@ -22,7 +22,7 @@ from . import gemv_multi as gm
 from . import gemv_stream
 from .fp8_scaled_mm import fp8_tensor_cores
 from .gemv_codes import tiles_rstd
-from .launch import gdc_prologue, pdl_launch
+from .launch import device_sms, gdc_prologue, pdl_launch
 from .nvfp4_triton import exact_out
 
 MIXED = True  # on: won the paired GPU A/B (docs/RESULTS.md session 10)
@@ -89,7 +89,7 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
     cfg_a = gm.launch_config(fmt_a, sum(ns_a), k, elem_a, x.device)
     stream = gemv_stream.use_stream(fmt_a, sum(ns_a), k, elem_a, fp8_cvt, stream)
     if stream:
-        cfg_a = gemv_stream.stream_config(cfg_a, fmt_a, sum(ns_a), k, elem_a, gm.device_sms(x.device))
+        cfg_a = gemv_stream.stream_config(cfg_a, fmt_a, sum(ns_a), k, elem_a, device_sms(x.device))
     cfg_b = dataclasses.replace(gm.launch_config(fmt_b, sum(ns_b), k, elem_b, x.device), num_warps=cfg_a.num_warps)
     out_dtype = out_dtype or x.dtype
     out = torch.empty(1, sum(ns_a) + sum(ns_b), device=x.device, dtype=out_dtype)

@@ -36,7 +36,7 @@ from . import gemv_stream
 from .gemv_codes import dense_block, fp8_block, nvfp4_block, prefetch_rows, tiles_rstd
 from .gemv_stream import stream_block
 from .fp8_scaled_mm import fp8_tensor_cores
-from .launch import gdc_prologue, pdl_launch, resident_programs
+from .launch import device_sms, gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_fp8, dequant_nvfp4
 from .nvfp4_triton import _store_exact, exact_out
 
@@ -375,13 +375,6 @@ def resolve_config(fmt: str, n_total: int, k: int, elem: int, device: torch.devi
     if any(v < 1 or v & (v - 1) for v in (cfg.block_n, cfg.block_k, cfg.warps_k)) or cfg.block_k < 16:
         raise ValueError(f"block_n, block_k and warps_k must be powers of 2, block_k >= 16: {cfg}")
     return cfg, stream
-
-
-def device_sms(device: torch.device) -> int:
-    """The device's SMs (off a GPU: an H200's 132, what the configs are sized for)."""
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def norm_launch(norm: tuple | None, x: torch.Tensor, k: int) -> dict:

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import gdc_prologue, pdl_launch
+from .launch import device_sms, gdc_prologue, pdl_launch
 from .nvfp4_expert_rows import tile_loads, tile_math, x_tiles
 from . import nvfp4_experts_decode as experts_decode
 from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets
@@ -106,7 +106,7 @@ def stream_programs(device: torch.device) -> int:
     """The launch's persistent programs: PROGRAMS_PER_SM an SM (the interpreter: 3, so programs take turns)."""
     if device.type != "cuda":
         return 3
-    return torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
+    return device_sms(device) * PROGRAMS_PER_SM
 
 
 def expert_gate_up_stream(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
