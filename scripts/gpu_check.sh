@@ -5,8 +5,9 @@
 # Env: TESTS (pytest paths; "none" skips), TEST_TIMEOUT, BENCH=0 (no resident bench), BENCH_ARGS (run
 # `qwenlocal bench $BENCH_ARGS` instead), BENCH_TIMEOUT, BENCH_TAIL, COPY=1 (expert-copy GB/s), PROFILE=1, PROFILE_PREFILL=1, OVERLAP_BENCH=1 (OVERLAP_TIMEOUT, OVERLAP_ARGS),
 # EXTRA_CMD (EXTRA_TIMEOUT), DEADLINE (s: the bench gets the rest), BENCH_NEEDS_TESTS=1, PROFILE_PREFILL_ARGS, PROBE=1,
-# PROFILE_DECODE_ARGS (run scripts/profile_decode.py with them first; PROFILE_DECODE_TIMEOUT).
-# Order: profile_decode, tests, copy, overlap, extra, bench, profiles.
+# PROFILE_DECODE_ARGS (run scripts/profile_decode.py with them first; PROFILE_DECODE_TIMEOUT),
+# NCU=1 (Nsight Compute over one eager decode step, scripts/ncu_decode.py with NCU_ARGS; NCU_TIMEOUT).
+# Order: profile_decode, ncu, tests, copy, overlap, extra, bench, profiles.
 # Kernel caches: a carried .cache-carry/kcache.tgz.* (from an earlier call's $OUT) is unpacked before anything
 # compiles, and the caches are packed again into $OUT/kcache.tgz.* (15 MiB pieces) at the end (KCACHE_SAVE=0: not).
 # Every other file of $OUT comes back in $OUT/results.tgz (the device returns 8 files at most).
@@ -27,6 +28,19 @@ fi
 if [ -n "${PROFILE_DECODE_ARGS:-}" ]; then
   timeout ${PROFILE_DECODE_TIMEOUT:-400} python3 scripts/profile_decode.py --json "$OUT/profile_decode.json" $PROFILE_DECODE_ARGS > "$OUT/profile_decode.log" 2>&1
   echo "profile_decode rc=$?"; grep -A8 "== summary ==" "$OUT/profile_decode.log" || tail -30 "$OUT/profile_decode.log"
+fi
+if [ "${NCU:-0}" = 1 ]; then
+  # Why each kernel takes its time: one eager step's kernels replayed with the caches flushed, clocks left free
+  # (METHOD.md); the raw CSV comes back in results.tgz, its summary (scripts/ncu_summary.py) is printed here.
+  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  timeout ${NCU_TIMEOUT:-400} "$NCU_BIN" --profile-from-start off --clock-control none --cache-control all \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct -f -o "$OUT/ncu_decode" \
+    python3 scripts/ncu_decode.py ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
+  echo "ncu rc=$?"; tail -5 "$OUT/ncu.log"
+  "$NCU_BIN" --import "$OUT/ncu_decode.ncu-rep" --page raw --csv > "$OUT/ncu_raw.csv" 2>>"$OUT/ncu.log" \
+    && python3 scripts/ncu_summary.py "$OUT/ncu_raw.csv" --top 30 | tee "$OUT/ncu_summary.txt"
+  rm -f "$OUT/ncu_decode.ncu-rep"  # ~MBs of binary; the CSV holds every metric it collected
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 

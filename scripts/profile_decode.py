@@ -14,7 +14,8 @@ each changing no byte: "prefetch" (the weights asked of L2 before the PDL wait),
 persistent programs taking tiles in turn, rows asked of L2 turns ahead), "fp8cvt" (FP8 codes through the
 hardware conversion; exact, the sums in another order), "experts" (the NVFP4 expert kernels' persistent
 programs, x loaded once a program), e.g. fused-pdl/persistent+prefetch; the other switches are SWITCHES below
-("no-NAME" turns a default one off). "drop-route" / "drop-prenorm" are ceilings, not results: the router's top-k
+("no-NAME" turns a default one off), or NAME=INT for a launch parameter in VALUES (gdnbv=8: gdn_step's V columns
+a program). "drop-route" / "drop-prenorm" are ceilings, not results: the router's top-k
 launch or the pre-mixer add + RMSNorm left out of the step (decode_fused.DROP; its bytes are then wrong).
 With --json PATH, the same figures as JSON.
 
@@ -134,6 +135,9 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}
+# Launch parameters an arm may set as NAME=VALUE (an int), e.g. fused-pdl/gdnbv=8.
+VALUES = {"gdnbv": (gdn_decode, "BLOCK_V")}
+VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES.items()}
 
 
 def set_switches(arm_name: str) -> str:
@@ -143,13 +147,20 @@ def set_switches(arm_name: str) -> str:
     names = [n for n in extra.split("+") if n]
     # drop-X: a diagnostic ceiling (decode_fused.DROP: the launch left out, the bytes wrong)
     decode_fused.DROP = frozenset(n.removeprefix("drop-") for n in names if n.startswith("drop-"))
-    wanted = {n.removeprefix("no-"): not n.startswith("no-") for n in names if not n.startswith("drop-")}
-    unknown = [n for n in wanted if n not in SWITCHES]
+    values = dict(n.split("=", 1) for n in names if "=" in n)
+    wanted = {n.removeprefix("no-"): not n.startswith("no-") for n in names
+              if not n.startswith("drop-") and "=" not in n}
+    unknown = [n for n in wanted if n not in SWITCHES] + [n for n in values if n not in VALUES]
     if unknown:
         raise SystemExit(f"unknown arm switch {unknown[0]!r} in {arm_name!r} (known: {', '.join(SWITCHES)}, "
-                         f"each also as no-NAME)")
+                         f"each also as no-NAME; {', '.join(VALUES)} as NAME=INT)")
+    bad = [f"{n}={v}" for n, v in values.items() if not v.isdigit() or int(v) < 1]
+    if bad:
+        raise SystemExit(f"arm {arm_name!r}: {bad[0]} is not a positive integer")
     for name, (module, attr) in SWITCHES.items():
         setattr(module, attr, wanted.get(name, SWITCH_DEFAULTS[name]))
+    for name, (module, attr) in VALUES.items():
+        setattr(module, attr, int(values[name]) if name in values else VALUE_DEFAULTS[name])
     return base
 
 

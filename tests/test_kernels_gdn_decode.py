@@ -12,7 +12,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (Hk, Hv, K, V, W)
 SIZES = [(3, 6, 24, 40, 4), (2, 2, 16, 48, 4), (1, 4, 16, 24, 4), (2, 6, 8, 20, 3)]
 BF16_TOL = (1.6e-2, 8e-3)  # ~2 bf16 ulps (the interpreter matches bit for bit; a GPU's exp may not)
-PLANS = [dict(one_launch=False), dict(one_launch=True), dict(one_launch=False, block_v=16, num_warps=2)]
+PLANS = [dict(one_launch=False), dict(one_launch=True), dict(one_launch=False, block_v=16, num_warps=2),
+         dict(one_launch=False, block_v=8, num_warps=4)]  # the last: profile_decode's arm gdnbv=8
 
 
 def make_layer(hk, hv, kd, vd, width, dtype, seed):
@@ -69,7 +70,7 @@ def close(out, ref, rtol, atol_rel):
     torch.testing.assert_close(out, ref, rtol=rtol, atol=atol_rel * ref.abs().max().item())
 
 
-@pytest.mark.parametrize("plan", PLANS, ids=["two-launch", "one-launch", "two-launch-bv16"])
+@pytest.mark.parametrize("plan", PLANS, ids=["two-launch", "one-launch", "two-launch-bv16", "two-launch-bv8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("hk, hv, kd, vd, width", SIZES)
 def test_decode_steps_match_reference(hk, hv, kd, vd, width, dtype, plan, nan_empty):

@@ -230,9 +230,16 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 NORM_SHIFT_TAIL = False
 
 
+# V columns a gdn_step program: 32 gives the real geometry (Hv 32, V 128) 128 programs of 16 KB of state, one an
+# SM (Nsight Compute: 6 % warp occupancy, 0.24 waves, the warps waiting on memory). More programs do not help:
+# profile_decode arms gdnbv=16 / gdnbv=8 were 1.012x / 1.026x the step (docs/RESULTS.md session 18): each
+# program's chain (its q/k conv and norms, then the state update) sets the time, not the bytes in flight.
+BLOCK_V = 32
+
+
 def default_config(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int) -> dict:
-    """The launch parameters gdn_decode_step uses unless told: a pure function of the shapes."""
-    return dict(one_launch=False, block_v=min(32, triton.next_power_of_2(v_dim)), num_warps=4, norm_warps=4)
+    """The launch parameters gdn_decode_step uses unless told: a pure function of the shapes (and BLOCK_V)."""
+    return dict(one_launch=False, block_v=min(BLOCK_V, triton.next_power_of_2(v_dim)), num_warps=4, norm_warps=4)
 
 
 def gdn_decode_step(
