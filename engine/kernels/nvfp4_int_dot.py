@@ -1,0 +1,185 @@
+"""Batch-1 NVFP4 GEMV as integer dot products: E2M1 codes to int8 by byte permutes, x to int16, dp2a.
+
+Why: Nsight Compute (docs/RESULTS.md session 18) has the NVFP4 decode kernels issuing instructions half their
+time (expert_gate_up: 49.9 % of its 10.6 us, 9.4 SASS instructions a code; the LM head 5.8) while reading at
+13-21 % of the DRAM peak. The float path spends per code a shift/LOP3 share, an fp16->fp32 conversion and an
+FFMA. Here a word of eight codes becomes two registers of four int8 values (2 x E2M1: 0, +-1, +-2, +-3, +-4,
++-6, +-8, +-12) with six PRMTs from two 8-byte tables (llama.cpp's get_int_from_table_16 does the same for
+MXFP4), and four dp2a instructions multiply them into x's int16 pairs and add them up exactly in int32. Under
+the H200's Triton 3.6.0 (scripts/sass_nvfp4_int_dot.py, sm_90, no GPU) a word takes ~17 SASS instructions (6
+PRMT, 4 IDP, 4 LOP3, 3 SHF), and the whole GEMV 3.0-3.25 a code at 16-32 rows and 4 warps a program, against
+gemv_multi's 5.8 for the same NVFP4 LM head.
+
+Numbers: x is quantized per 16-element block (the weights' scale group) to int16 with scale amax / 32767,
+q = floor(x / scale + 0.5) (correctly rounded division), so |x - q * scale| <= scale / 2: 2^-16 of the
+block's largest |x|, far under the bf16 rounding of the output. A block's integer sum is exact (|sum| <= 16 *
+12 * 32767 < 2^24, so also exact as fp32); the blocks add up in fp32 in a fixed order per launch config.
+DECODE "asm" (CUDA) and "plain" (Triton integer arithmetic, the interpreter's path) give the same integers, so
+the same bytes. References: quantize_x16_reference, gemv_int_reference (the same arithmetic in torch) and
+nvfp4 dequantization (the value it approximates).
+
+Status: a prototype for the next GPU A/B (the LM head, then the experts), not used by the engine yet.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .nvfp4_triton import _store_exact
+
+X_MAX = 32767.0  # int16 range used by the x quantization (symmetric)
+
+
+@triton.jit
+def _e2m1_int(c):
+    """4-bit E2M1 codes (int32 0..15) -> 2 x their value as int32: 0 1 2 3 4 6 8 12, negated for codes >= 8."""
+    m = c & 7
+    mag = tl.where(m < 4, m, (4 + 2 * (m & 1)) << ((m >> 1) & 1))
+    return tl.where(c >= 8, -mag, mag)
+
+
+@triton.jit
+def word_dot(words, p0, p1, p2, p3, tp0, tn0, DECODE: tl.constexpr):
+    """Sum over the 8 codes of each int32 word (code j in bits 4j..4j+3) of 2 x E2M1(code j) * x_j, with x as
+    int16 pairs p0 = (x0, x1), p1 = (x2, x3), p2 = (x4, x5), p3 = (x6, x7) (low half first). Exact int32.
+    tp0 / tn0: the tables' first words (TABLES[0], TABLES[2]) as loaded values, so that ptxas keeps them in
+    registers instead of copying the immediates anew before every PRMT (~4.5 instructions a word)."""
+    if DECODE == "asm":
+        # m: the magnitude selectors; s: per nibble, byte i of the positive (i) or the negative table (i + 4)
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 m, s, p, n, w;\n"
+            "and.b32 m, $1, 0x77777777;\n"
+            "shr.u32 s, $1, 1; and.b32 s, s, 0x44444444; or.b32 s, s, 0x32103210;\n"
+            "prmt.b32 p, $6, 0x0C080604, m; prmt.b32 n, $7, 0xF4F8FAFC, m; prmt.b32 w, p, n, s;\n"
+            "dp2a.lo.s32.s32 $0, $2, w, 0; dp2a.hi.s32.s32 $0, $3, w, $0;\n"
+            "shr.u32 m, m, 16; shr.u32 s, s, 16;\n"
+            "prmt.b32 p, $6, 0x0C080604, m; prmt.b32 n, $7, 0xF4F8FAFC, m; prmt.b32 w, p, n, s;\n"
+            "dp2a.lo.s32.s32 $0, $4, w, $0; dp2a.hi.s32.s32 $0, $5, w, $0; }",
+            "=r,r,r,r,r,r,r,r", [words, p0, p1, p2, p3, tp0, tn0], dtype=tl.int32, is_pure=True, pack=1)
+    acc = _e2m1_int(words & 15) * ((p0 << 16) >> 16) + _e2m1_int((words >> 4) & 15) * (p0 >> 16)
+    acc += _e2m1_int((words >> 8) & 15) * ((p1 << 16) >> 16) + _e2m1_int((words >> 12) & 15) * (p1 >> 16)
+    acc += _e2m1_int((words >> 16) & 15) * ((p2 << 16) >> 16) + _e2m1_int((words >> 20) & 15) * (p2 >> 16)
+    acc += _e2m1_int((words >> 24) & 15) * ((p3 << 16) >> 16) + _e2m1_int((words >> 28) & 15) * (p3 >> 16)
+    return acc
+
+
+@triton.jit
+def quantize_x16_kernel(x_ptr, pairs_ptr, scales_ptr, K, BLOCK_G: tl.constexpr):
+    """Blocks pid * BLOCK_G ... of 16 elements: scale = amax / 32767, q = floor(x / scale + 0.5) as int16
+    pairs (element 2p in the low half of pair p)."""
+    g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
+    mask_g = g < K // 16
+    cols = g[:, None] * 16 + tl.arange(0, 16)[None, :]
+    x = tl.load(x_ptr + cols, mask=mask_g[:, None], other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.math.div_rn(amax, 32767.0)
+    safe = tl.where(amax > 0, scale, 1.0)
+    q = tl.floor(tl.math.div_rn(x, safe[:, None]) + 0.5).to(tl.int32)
+    lo, hi = tl.split(tl.reshape(q, [BLOCK_G, 8, 2]))
+    pairs = (lo & 0xFFFF) | (hi << 16)
+    tl.store(pairs_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], pairs, mask=mask_g[:, None])
+    tl.store(scales_ptr + g, scale, mask=mask_g)
+
+
+@triton.jit
+def gemv_int_kernel(w_ptr, s_ptr, g_ptr, pairs_ptr, xs_ptr, tables_ptr, out_ptr, N, K: tl.constexpr,
+                    BLOCK_N: tl.constexpr,
+                    BLOCK_G: tl.constexpr, DECODE: tl.constexpr, OUT_BF16: tl.constexpr):
+    """Rows pid * BLOCK_N ...: out[n] = sum over 16-code groups b of (integer dot of group b) * scale[n, b] *
+    xscale[b], then * global / 2 (the codes count double). w: int32 words (K / 8 a row), s: E4M3 bytes
+    (K / 16 a row); BLOCK_G >= K / 16 groups, each two words."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = n < N
+    grp = tl.arange(0, BLOCK_G)
+    mask_g = grp < K // 16
+    two = tl.arange(0, 2)
+    mask = mask_n[:, None, None] & mask_g[None, :, None]
+    words = tl.load(w_ptr + n[:, None, None].to(tl.int64) * (K // 8) + grp[None, :, None] * 2 + two[None, None, :],
+                    mask=mask, other=0)
+    # x's 4 pairs of word 2b + h: pairs[8b + 4h + i]
+    xp = tl.load(pairs_ptr + grp[:, None, None] * 8 + two[None, :, None] * 4 + tl.arange(0, 4)[None, None, :],
+                 mask=mask_g[:, None, None], other=0)
+    even, odd = tl.split(tl.reshape(xp, [BLOCK_G, 2, 2, 2]))  # i = 2a + b: even {0, 2}, odd {1, 3}
+    p0, p2 = tl.split(even)
+    p1, p3 = tl.split(odd)
+    shape: tl.constexpr = [BLOCK_N, BLOCK_G, 2]
+    tp0 = tl.broadcast_to(tl.load(tables_ptr), shape)
+    tn0 = tl.broadcast_to(tl.load(tables_ptr + 2), shape)
+    isum = tl.sum(word_dot(words, tl.broadcast_to(p0[None, :, :], shape), tl.broadcast_to(p1[None, :, :], shape),
+                           tl.broadcast_to(p2[None, :, :], shape), tl.broadcast_to(p3[None, :, :], shape), tp0, tn0,
+                           DECODE), axis=2)
+    sc = tl.load(s_ptr + n[:, None].to(tl.int64) * (K // 16) + grp[None, :], mask=mask_n[:, None] & mask_g[None, :],
+                 other=0)
+    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32) * tl.load(xs_ptr + grp, mask=mask_g, other=0.0)[None, :]
+    acc = tl.sum(isum.to(tl.float32) * scale, axis=1) * (tl.load(g_ptr) * 0.5)
+    _store_exact(out_ptr + n, acc, mask_n, OUT_BF16)  # bf16 to nearest in the interpreter too
+
+
+def quantize_x16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [K] (K a multiple of 16) -> (int16 pairs as int32 [K / 2], fp32 block scales [K / 16])."""
+    k = x.numel()
+    if x.dim() != 1 or k % 16:
+        raise ValueError(f"x must be 1-D with a multiple of 16 elements, got shape {tuple(x.shape)}")
+    pairs = torch.empty(k // 2, device=x.device, dtype=torch.int32)
+    scales = torch.empty(k // 16, device=x.device, dtype=torch.float32)
+    block_g = 16
+    quantize_x16_kernel[(triton.cdiv(k // 16, block_g),)](x.contiguous(), pairs, scales, k, BLOCK_G=block_g)
+    return pairs, scales
+
+
+def gemv_int(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x: torch.Tensor,
+             out_dtype: torch.dtype = torch.float32, *, block_n: int = 16, num_warps: int = 4,
+             decode: str | None = None) -> torch.Tensor:
+    """NVFP4 weight (packed uint8 [N, K/2], E4M3 scales [N, K/16], fp32 global) times x [K] -> [N]."""
+    n, k = packed.shape[0], 2 * packed.shape[1]
+    if packed.dtype != torch.uint8 or k % 16 or scale.shape != (n, k // 16) or x.numel() != k:
+        raise ValueError(f"need packed uint8 [N, K/2] with K % 16 == 0, scales [N, K/16] and x [K]; got "
+                         f"{tuple(packed.shape)}, {tuple(scale.shape)}, {tuple(x.shape)}")
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+    decode = decode or ("asm" if x.is_cuda else "plain")
+    pairs, xs = quantize_x16(x)
+    out = torch.empty(n, device=x.device, dtype=out_dtype)
+    gemv_int_kernel[(triton.cdiv(n, block_n),)](
+        packed.contiguous().view(torch.int32), scale.contiguous().view(torch.uint8),
+        scale2.reshape(1).to(torch.float32), pairs, xs, tables(x.device), out, n, K=k, BLOCK_N=block_n,
+        BLOCK_G=triton.next_power_of_2(k // 16), DECODE=decode, OUT_BF16=out_dtype == torch.bfloat16,
+        num_warps=num_warps)
+    return out
+
+
+# The byte tables of 2 x E2M1 as int32 words: positive codes 0-3, 4-7, negative codes 8-11, 12-15 (PRMT order)
+TABLES = (0x03020100, 0x0C080604, 0xFDFEFF00 - (1 << 32), 0xF4F8FAFC - (1 << 32))
+_TABLES: dict = {}
+
+
+def tables(device: torch.device) -> torch.Tensor:
+    """TABLES on the device, made once per device (before any CUDA-graph capture: the first eager call)."""
+    key = str(device)
+    if key not in _TABLES:
+        _TABLES[key] = torch.tensor(TABLES, dtype=torch.int32, device=device)
+    return _TABLES[key]
+
+
+E2M1_X2 = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int64)
+
+
+def quantize_x16_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_x16 in torch: (q as int64 [K], fp32 scales [K / 16])."""
+    xb = x.float().reshape(-1, 16)
+    amax = xb.abs().amax(dim=1)
+    scale = amax / 32767.0
+    safe = torch.where(amax > 0, scale, torch.ones_like(scale))
+    q = torch.floor(xb / safe[:, None] + 0.5).to(torch.int64)
+    return q.reshape(-1), scale
+
+
+def gemv_int_reference(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x: torch.Tensor):
+    """gemv_int's arithmetic in torch (fp32 [N]): exact integer group sums, then the scaled fp32 sum."""
+    q, xs = quantize_x16_reference(x)
+    n = packed.shape[0]
+    codes = torch.stack([packed.long() & 15, packed.long() >> 4], dim=-1).reshape(n, -1)  # element 2i low nibble
+    isum = (E2M1_X2.to(packed.device)[codes] * q[None, :]).reshape(n, -1, 16).sum(dim=2)
+    sc = scale.view(torch.float8_e4m3fn).float() * xs[None, :]
+    return (isum.float() * sc).sum(dim=1) * (scale2.float().reshape(()) * 0.5)

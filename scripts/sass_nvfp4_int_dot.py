@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Compile the integer-dot NVFP4 GEMV (kernels/nvfp4_int_dot.gemv_int_kernel) for sm_90 WITHOUT a GPU (Triton's
+bundled ptxas; use the H200's Triton, scripts/sass_util.py says how) at K = 2048 (the LM head's and the experts'
+gate/up K) and print, per launch config: registers, spill stack, SASS instructions, PRMT / IDP (dp2a) / LDG
+counts and instructions a weight code (the kernel is straight-line: its count over the codes a thread handles).
+A check of how much work a thread does, not a timing; gemv_multi's NVFP4 LM head is 5.8 a code, expert_gate_up
+9.4 (docs/RESULTS.md session 17).
+
+    PYTHONPATH=/tmp/tri36 python scripts/sass_nvfp4_int_dot.py [--dump DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+os.environ.pop("TRITON_INTERPRET", None)  # noqa: E402 (compile for the GPU, not the interpreter)
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from qwenlocal.engine.kernels import nvfp4_int_dot as nid  # noqa: E402
+from sass_util import sass_of  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
+
+K = 2048
+TYPES = {"w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "pairs_ptr": "*i32", "xs_ptr": "*fp32", "tables_ptr": "*i32",
+         "out_ptr": "*bf16", "N": "i32"}
+CONFIGS = [(16, 4), (8, 4), (32, 4), (16, 8), (32, 8), (8, 2), (4, 1), (8, 1)]  # (block_n, warps)
+
+
+def compile_sm90(block_n: int, num_warps: int):
+    fn = nid.gemv_int_kernel
+    sig = {name: TYPES.get(name, "constexpr") for name in fn.arg_names}
+    consts = dict(K=K, BLOCK_N=block_n, BLOCK_G=K // 16, DECODE="asm", OUT_BF16=True)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dump", help="write ttgir / ptx / sass per config here")
+    args = ap.parse_args()
+    print(f"{'block_n':>7} {'warps':>5} {'regs':>4} {'stack':>5} {'instrs':>6} {'PRMT':>5} {'IDP':>5} {'LDG':>4} "
+          f"{'SHFL':>4} {'instr/code':>10}")
+    for block_n, num_warps in CONFIGS:
+        kernel = compile_sm90(block_n, num_warps)
+        path = os.path.join(args.dump or "/tmp", f"nvfp4_int_dot_{block_n}_{num_warps}")
+        body, usage, _ = sass_of(kernel, path, bool(args.dump))
+        count = lambda op: sum(1 for ln in body if re.search(rf"\b{op}", ln))  # noqa: E731
+        codes = block_n * K / (32 * num_warps)
+        print(f"{block_n:>7} {num_warps:>5} {usage['REG']:>4} {usage['STACK']:>5} {len(body):>6} {count('PRMT'):>5} "
+              f"{count('IDP'):>5} {count('LDG'):>4} {count('SHFL'):>4} {len(body) / codes:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
