@@ -8,8 +8,7 @@ checkpoint's formats) it times
   new     gemv_multi over the group, choose_config's launch config
   <cfg>   gemv_multi under a small grid around that config (block_n, num_warps x 1/2, 1, 2; warps_k 1 / 2), or
           with --grid persistent: persistent programs (one wave: SMs x programs an SM holds, x 1 / 2) over
-          smaller tiles (block_n x 1/4, 1/2, 1; num_warps x 1/2, 1), the rows 0 / 1 / 2 / 4 turns ahead asked of L2;
-          with --grid stream: K steps through shared memory (gemv_stream.py) by rows, step bytes, stages, warps
+          smaller tiles (block_n x 1/4, 1/2, 1; num_warps x 1/2, 1), the rows 0 / 1 / 2 / 4 turns ahead asked of L2
 and prints microseconds per call, weight bytes, GB/s and % of 4.8 TB/s, the error of the new output against
 gemv_multi_reference (relative to its max), and whether the group's output equals the single-weight gemv calls
 byte for byte (same config). On CUDA each time is a CUDA graph of --calls calls (the decode step is replayed
@@ -20,7 +19,6 @@ runs), median of --repeat replays, divided by --calls. The per-step totals multi
     python scripts/bench_gemv_multi.py --grid none        # old vs new only
     python scripts/bench_gemv_multi.py --grid persistent  # the persistent kernel's configs (gemv_multi.PERSISTENT)
     python scripts/bench_gemv_multi.py --fp8-cvt          # FP8 through the hardware conversion (gemv_multi.FP8_CVT)
-    python scripts/bench_gemv_multi.py --fp8-cvt --grid stream   # the weights through shared memory (gemv_stream.py)
     python scripts/bench_gemv_multi.py --fp8-cvt --grid none --hot   # the weights L2-resident: an upper bound
     TRITON_INTERPRET=1 python scripts/bench_gemv_multi.py --device cpu    # smoke run, tiny shapes (~5 s)
 """
@@ -36,8 +34,6 @@ import torch.nn.functional as F
 
 from qwenlocal.engine.kernels.fp8_triton import fp8_gemv
 from qwenlocal.engine.kernels import gemv_multi as gm
-from qwenlocal.engine.kernels import gemv_stream as gs
-from qwenlocal.engine.kernels.launch import device_sms
 from qwenlocal.engine.kernels.gemv_multi import choose_config, gemv, gemv_multi, gemv_multi_reference
 from qwenlocal.engine.kernels.nvfp4_triton import nvfp4_gemv
 
@@ -146,36 +142,15 @@ def persistent_grid(base, n_total: int, dev) -> list:
     return out
 
 
-def stream_grid(base, fmt: str, n_total: int, k: int, dev) -> list:
-    """The streamed K steps (gemv_stream.py; a config with num_stages > 1) around gemv_stream's default for this
-    GEMV: rows a program, warps, bytes of a row a step, stages. base (the one-shot tile) first: the reference
-    time. Only dense / hardware-FP8 GEMVs of >= MIN_ROWS rows stream."""
-    out = [base]
-    if not gs.eligible(fmt, n_total, k, 2, gm.FP8_CVT):
-        return out
-    default = gs.stream_config(base, fmt, n_total, k, 2, device_sms(dev))
-    out.append(default)
-    per_byte = 1 if fmt == "fp8" else 2
-    for bn, nw, step, stages in ((4, 1, 512, 3), (16, 1, 512, 3), (8, 1, 512, 4), (8, 1, 256, 4), (8, 1, 1024, 3),
-                                 (4, 1, 512, 5), (8, 2, 512, 3), (16, 2, 512, 3), (32, 4, 512, 3), (16, 4, 512, 3)):
-        cfg = dataclasses.replace(default, block_n=bn, block_k=min(step // per_byte, k // 2), num_stages=stages,
-                                  num_warps=nw)
-        if cfg not in out:
-            out.append(cfg)
-    return out
-
-
 def kwargs(cfg) -> dict:
     return dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k,
-                programs=cfg.programs, l2_ahead=cfg.l2_ahead, num_stages=cfg.num_stages,
-                stream=cfg.num_stages > 1)
+                programs=cfg.programs, l2_ahead=cfg.l2_ahead)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--grid", choices=("none", "small", "persistent", "stream"),
-                    help="default: small on CUDA, none on the CPU")
+    ap.add_argument("--grid", choices=("none", "small", "persistent"), help="default: small on CUDA, none on the CPU")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--calls", type=int, default=32, help="calls per timed CUDA graph (CPU: one per copy)")
     ap.add_argument("--only", default="", help="substring of the group names to run")
@@ -207,8 +182,7 @@ def main() -> None:
         base = choose_config(fmt, n_total, k)
         grid = args.grid or ("small" if cuda else "none")
         configs = {"small": lambda: config_grid(base), "none": lambda: [base],
-                   "persistent": lambda: persistent_grid(base, n_total, dev),
-                   "stream": lambda: stream_grid(base, fmt, n_total, k, dev)}[grid]()
+                   "persistent": lambda: persistent_grid(base, n_total, dev)}[grid]()
         results = []
         for cfg in configs:
             try:

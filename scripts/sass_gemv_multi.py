@@ -4,7 +4,7 @@ choose_config's config: registers, spill stack, shared memory, SASS instructions
 A check that the kernel compiles for the H200 and how much work a thread does, not a timing.
 
     PYTHONPATH=/tmp/tri36 python scripts/sass_gemv_multi.py [--dump DIR] [--persistent] [--pdl] [--fp8-cvt]
-        [--norm] [--stream]   # DIR: ttgir / ptx / sass per shape; /tmp/tri36: the H200's Triton (sass_util.py)
+        [--norm]   # DIR: ttgir / ptx / sass per shape; /tmp/tri36: the H200's Triton (sass_util.py)
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from triton.compiler import ASTSource  # noqa: E402
 from bench_gemv_multi import GROUPS  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
 from sass_util import loop_instructions, sass_of  # noqa: E402
 from qwenlocal.engine.kernels import gemv_multi as gm  # noqa: E402
-from qwenlocal.engine.kernels import gemv_stream as gs  # noqa: E402
 
 WORD = {"dense": "*bf16", "fp8": "*i32", "nvfp4": "*i64"}
 SCALE = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*u8"}
@@ -28,7 +27,7 @@ GLOBAL = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*fp32"}
 
 
 def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: bool = False, pdl: bool = False,
-                 fp8_cvt: bool = False, norm: bool = False, stream: bool = False):
+                 fp8_cvt: bool = False, norm: bool = False):
     fn = gm.gemv_multi_kernel
     cvt = fp8_cvt and fmt == "fp8"
     sig = {}
@@ -41,7 +40,7 @@ def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: b
     consts = dict(K=k, FMT=gm._FMT_ID[fmt], PARTS=parts, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   CHUNK=gm.chunk_words(fmt, cfg, fp8_cvt=cvt), OUT_BF16=True, USE_GDC=pdl, PERSISTENT=persistent,
                   L2_AHEAD=gm.L2_AHEAD if persistent else 0, FP8_CVT=cvt, NORM=norm, ROUND=1 if norm else 0,
-                  BLOCK_T=128 if norm else 1, STREAM=stream, STAGES=cfg.num_stages)
+                  BLOCK_T=128 if norm else 1)
     if not norm:
         for name in ("sums_ptr", "nw_ptr", "sum_tiles", "eps"):
             sig[name] = "constexpr"
@@ -58,7 +57,6 @@ def main() -> None:
     ap.add_argument("--pdl", action="store_true", help="with programmatic launch (USE_GDC)")
     ap.add_argument("--fp8-cvt", action="store_true", help="FP8 through the hardware conversion (gemv_multi.FP8_CVT)")
     ap.add_argument("--norm", action="store_true", help="x RMS-normed as it is loaded (norm=, TILE_SUMS' GEMVs)")
-    ap.add_argument("--stream", action="store_true", help="the streamed K steps where eligible (gemv_stream.py)")
     args = ap.parse_args()
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
@@ -67,10 +65,7 @@ def main() -> None:
     for name, fmt, shapes, _ in GROUPS:
         k, n_total = shapes[0][1], sum(n for n, _ in shapes)
         cfg = gm.choose_config(fmt, n_total, k)
-        stream = args.stream and gs.eligible(fmt, n_total, k, 2, args.fp8_cvt)
-        if stream:
-            cfg = gs.stream_config(cfg, fmt, n_total, k, 2)
-        kernel = compile_sm90(fmt, len(shapes), k, cfg, args.persistent, args.pdl, args.fp8_cvt, args.norm, stream)
+        kernel = compile_sm90(fmt, len(shapes), k, cfg, args.persistent, args.pdl, args.fp8_cvt, args.norm)
         stem = re.sub(r"\W+", "_", name)
         path = os.path.join(args.dump or "/tmp", f"gemv_multi_{stem}")
         lines, usage, sass = sass_of(kernel, path, bool(args.dump))
@@ -82,8 +77,7 @@ def main() -> None:
 
 
 def config_dict(cfg) -> dict:
-    out = dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k)
-    return out | ({"stages": cfg.num_stages} if cfg.num_stages > 1 else {})
+    return dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k)
 
 
 if __name__ == "__main__":

@@ -266,22 +266,6 @@ def test_gate_up_in_look_ahead_programs_keeps_the_bytes(quantized_ckpt, monkeypa
     assert torch.equal(_engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24), off)
 
 
-def test_the_streamed_gemvs_in_the_step_match_the_unfused_step(quantized_ckpt, monkeypatch):
-    """gemv_stream.STREAM (with MIN_ROWS 1, so the tiny model's GEMVs qualify): the FP8 in_proj, q+k+v and
-    out_proj / o_proj through the streamed K steps (counted: every layer of every decode step streams), the
-    logits within fp32 rounding of the unfused step, the same argmax."""
-    from qwenlocal.engine.kernels import gemv_stream
-
-    monkeypatch.setattr(gemv_stream, "STREAM", True)
-    monkeypatch.setattr(gemv_stream, "MIN_ROWS", 1)
-    streamed = []
-    real = gemv_stream.use_stream
-    monkeypatch.setattr(gemv_stream, "use_stream", lambda *a, **k: streamed.append(real(*a, **k)) or streamed[-1])
-    _check(quantized_ckpt, 2)
-    # 2 decode steps x 4 layers x (in_proj or q+k+v, and out_proj or o_proj); the NVFP4 LM head does not stream
-    assert sum(streamed) == 2 * 4 * 2 and len(streamed) == sum(streamed) + 2
-
-
 def test_the_pipelined_gate_up_in_the_step_matches_the_unfused_step(quantized_ckpt, monkeypatch):
     """nvfp4_experts_decode.PIPELINED: every gate/up launch of the step in K steps whose loads stream through
     shared memory (counted: each layer of each decode step, serial and with the shared expert apart), the logits

@@ -19,10 +19,9 @@ import triton
 import triton.language as tl
 
 from . import gemv_multi as gm
-from . import gemv_stream
 from .fp8_scaled_mm import fp8_tensor_cores
 from .gemv_codes import tiles_rstd
-from .launch import device_sms, gdc_prologue, pdl_launch
+from .launch import gdc_prologue, pdl_launch
 from .nvfp4_triton import exact_out
 
 MIXED = True  # on: won the paired GPU A/B (docs/RESULTS.md session 10)
@@ -37,11 +36,9 @@ def gemv_mixed_kernel(x_ptr, out_ptr, a0, a1, sa0, sa1, ga0, ga1, na0, na1, pa1,
                       FMT_B: tl.constexpr, PARTS_B: tl.constexpr, BLOCK_N_B: tl.constexpr, BLOCK_K_B: tl.constexpr,
                       CHUNK_B: tl.constexpr, FP8_CVT_B: tl.constexpr, USE_GDC: tl.constexpr = False,
                       sums_ptr=None, nw_ptr=None, sum_tiles=0, eps=0.0, NORM: tl.constexpr = False,
-                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1, STREAM_A: tl.constexpr = False,
-                      STAGES_A: tl.constexpr = 1):
+                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1):
     """Programs 0 .. tiles_b - 1: the second format's tiles (outputs from row rows_a on); the rest the first's.
-    NORM: x RMS-normed as it is loaded, as gemv_multi_kernel's. STREAM_A: the first format's tiles streamed
-    (gemv_stream.py), STAGES_A deep."""
+    NORM: x RMS-normed as it is loaded, as gemv_multi_kernel's."""
     pid = tl.program_id(0)
     if pid < tiles_b:
         # (names of their own: Triton wants a variable's type alike in both branches, and the tiles differ)
@@ -59,7 +56,7 @@ def gemv_mixed_kernel(x_ptr, out_ptr, a0, a1, sa0, sa1, ga0, ga1, na0, na1, pa1,
         gdc_prologue(USE_GDC)
         rstd = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
         gm._tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT_A, BLOCK_N_A, BLOCK_K_A,
-                         CHUNK_A, OUT_BF16, FP8_CVT_A, nw_ptr, rstd, NORM, ROUND, STREAM_A, STAGES_A)
+                         CHUNK_A, OUT_BF16, FP8_CVT_A, nw_ptr, rstd, NORM, ROUND)
 
 
 def _side(x: torch.Tensor, parts, fp8_cvt: bool):
@@ -75,21 +72,17 @@ def _side(x: torch.Tensor, parts, fp8_cvt: bool):
 
 
 def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype | None = None,
-                     norm: tuple | None = None, stream: bool | None = None) -> torch.Tensor:
+                     norm: tuple | None = None) -> torch.Tensor:
     """x [1, K] through parts_a (1-2 weights of one format) then parts_b (1-2 of another), K shared -> y [1,
     sum N] = concat(W_i @ x) in that order, stored as out_dtype (default x.dtype): gemv_multi(x, parts_a) and
     gemv_multi(x, parts_b) side by side, in one launch (the module docstring says which bytes are equal).
-    norm: as gemv_multi's (x a residual, normed as it is loaded). stream: parts_a's weights through shared
-    memory (gemv_stream.py; None: the switch gemv_stream.STREAM, where eligible); parts_b keep their tiles."""
+    norm: as gemv_multi's (x a residual, normed as it is loaded)."""
     fp8_cvt = gm.FP8_CVT and fp8_tensor_cores(x.device)
     fmt_a, k, args_a, ns_a, elem_a = _side(x, parts_a, fp8_cvt)
     fmt_b, _, args_b, ns_b, elem_b = _side(x, parts_b, fp8_cvt)
     if fmt_a == fmt_b:
         raise ValueError(f"both sides are {fmt_a}: one format a call is gemv_multi's")
     cfg_a = gm.launch_config(fmt_a, sum(ns_a), k, elem_a, x.device)
-    stream = gemv_stream.use_stream(fmt_a, sum(ns_a), k, elem_a, fp8_cvt, stream)
-    if stream:
-        cfg_a = gemv_stream.stream_config(cfg_a, fmt_a, sum(ns_a), k, elem_a, device_sms(x.device))
     cfg_b = dataclasses.replace(gm.launch_config(fmt_b, sum(ns_b), k, elem_b, x.device), num_warps=cfg_a.num_warps)
     out_dtype = out_dtype or x.dtype
     out = torch.empty(1, sum(ns_a) + sum(ns_b), device=x.device, dtype=out_dtype)
@@ -105,7 +98,6 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
         CHUNK_A=gm.chunk_words(fmt_a, cfg_a, elem_a, fp8_cvt), FP8_CVT_A=fp8_cvt and fmt_a == gm.FP8,
         FMT_B=gm._FMT_ID[fmt_b], PARTS_B=len(ns_b), BLOCK_N_B=cfg_b.block_n, BLOCK_K_B=cfg_b.block_k,
         CHUNK_B=gm.chunk_words(fmt_b, cfg_b, elem_b, fp8_cvt), FP8_CVT_B=fp8_cvt and fmt_b == gm.FP8,
-        num_warps=cfg_a.num_warps, num_stages=cfg_a.num_stages, STREAM_A=stream, STAGES_A=cfg_a.num_stages,
-        **gm.norm_launch(norm, x, k),
+        num_warps=cfg_a.num_warps, num_stages=cfg_a.num_stages, **gm.norm_launch(norm, x, k),
         **pdl_launch(x.device), **gm.reg_cap(x.device))
     return out

@@ -21,6 +21,8 @@ Deterministic: each row is reduced by one program in a fixed order set by the la
 format, total rows and K: `choose_config`), no atomics, no split-K, no host syncs (graph-capturable). Two A/B
 switches: PERSISTENT (one wave of programs taking the tiles in turn, a row's sum unchanged; off: slower on the
 H200) and FP8_CVT (FP8 codes through the hardware conversion: exact codes, the sums in another order; on).
+(Tried: the weights streamed through shared memory in pipelined K steps, gemv_stream; removed after its A/B,
+docs/RESULTS.md session 18: 1.042x the step.)
 """
 from __future__ import annotations
 
@@ -32,11 +34,9 @@ import triton
 import triton.language as tl
 
 from .decode_norm import round_code
-from . import gemv_stream
 from .gemv_codes import dense_block, fp8_block, nvfp4_block, prefetch_rows, tiles_rstd
-from .gemv_stream import stream_block
 from .fp8_scaled_mm import fp8_tensor_cores
-from .launch import device_sms, gdc_prologue, pdl_launch, resident_programs
+from .launch import gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_fp8, dequant_nvfp4
 from .nvfp4_triton import _store_exact, exact_out
 
@@ -89,25 +89,19 @@ def _prefetch_tile(t, tiles, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0,
 def _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K: tl.constexpr, FMT: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
                   FP8_CVT: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False,
-                  ROUND: tl.constexpr = 0, STREAM: tl.constexpr = False, STAGES: tl.constexpr = 1):
+                  ROUND: tl.constexpr = 0):
     """One tile: BLOCK_N rows of one part times x, stored at out_rows. FP8_CVT: the FP8 codes as float8e4nv
-    elements, converted by the hardware (sm_89+: two codes an instruction, exact) in the dense path's tile.
-    STREAM (dense or FP8_CVT only): K steps of BLOCK_K through shared memory, STAGES deep (gemv_stream.py)."""
+    elements, converted by the hardware (sm_89+: two codes an instruction, exact) in the dense path's tile."""
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if STREAM:
-        acc = stream_block(x_ptr, w, rows64, mask_n, K, BLOCK_N, BLOCK_K, STAGES, nw_ptr, rstd, NORM, ROUND)
-    else:
-        for k0 in tl.static_range(0, K, BLOCK_K):  # one block where K <= BLOCK_K; else unrolled (few blocks)
-            if FMT == 0 or (FMT == 1 and FP8_CVT):
-                acc += dense_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM,
-                                   ROUND)
-            elif FMT == 1:
-                acc += fp8_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM,
-                                 ROUND)
-            else:
-                acc += nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd,
-                                   NORM, ROUND)
+    for k0 in tl.static_range(0, K, BLOCK_K):  # one block where K <= BLOCK_K; unrolled otherwise (K/BLOCK_K small)
+        if FMT == 0 or (FMT == 1 and FP8_CVT):
+            acc += dense_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
+        elif FMT == 1:
+            acc += fp8_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
+        else:
+            acc += nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM,
+                               ROUND)
     if FMT == 1 and FP8_CVT:
         acc = acc * tl.load(s).to(tl.float32)
     elif FMT == 1:
@@ -124,8 +118,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
                       USE_GDC: tl.constexpr = False, PREFETCH: tl.constexpr = False,
                       PERSISTENT: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0, FP8_CVT: tl.constexpr = False,
                       sums_ptr=None, nw_ptr=None, sum_tiles=0, eps=0.0, NORM: tl.constexpr = False,
-                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1, STREAM: tl.constexpr = False,
-                      STAGES: tl.constexpr = 1):
+                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1):
     """Tile t (BLOCK_N rows of one part, `_tile_part`) of `tiles`. One program a tile, or PERSISTENT: the grid's
     programs take the tiles pid, pid + grid, ... in turn, and ask L2 for the rows of the tile L2_AHEAD turns
     ahead before each tile's loads, so that an SM's loads stream while it decodes and sums (the programs of one
@@ -148,7 +141,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
             w, s, g, rows64, mask_n, out_rows = _tile_rows(t, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
                                                            n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
             _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                          OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND, STREAM, STAGES)
+                          OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND)
     else:
         w, s, g, rows64, mask_n, out_rows = _tile_rows(pid, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
                                                        n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
@@ -158,7 +151,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
         gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
         rstd = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
         _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                      OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND, STREAM, STAGES)
+                      OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,16 +310,14 @@ def _check(x: torch.Tensor, parts) -> tuple[str, list, int]:
 def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, *,
                block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
                warps_k: int | None = None, num_stages: int | None = None, programs: int | None = None,
-               l2_ahead: int | None = None, fp8_cvt: bool | None = None, norm: tuple | None = None,
-               stream: bool | None = None) -> torch.Tensor:
+               l2_ahead: int | None = None, fp8_cvt: bool | None = None, norm: tuple | None = None) -> torch.Tensor:
     """x [1, K] or [K] (bf16/fp16/fp32); parts: 1..4 weights of one format sharing K (plain [N_i, K] tensors,
     QuantLinears, or their `.tensors` dicts) -> y [1, sum N_i] = concat(W_i @ x), fp32 accumulation, stored
     once as out_dtype (default x.dtype). out: an optional contiguous [1, sum N_i] (or [sum N_i]) tensor to write.
     One launch; config keywords override choose_config(format, sum N_i, K) one by one; fp8_cvt: FP8 codes through
     the hardware conversion (default: the module switch FP8_CVT). norm = (sums, norm_w, eps): x is a residual
     and the product is with its RMS norm as add_rms_norm stores it, rstd from sums (fp32 [tiles]: the sums of
-    squares of x's tiles, parts_norm.py's TILE_SUMS) in this launch's fixed order. stream: the weights through
-    shared memory in K steps (gemv_stream.py; None: the module switch gemv_stream.STREAM, where eligible)."""
+    squares of x's tiles, parts_norm.py's TILE_SUMS) in this launch's fixed order."""
     fmt, tensors, k = _check(x, parts)
     norm_args = norm_launch(norm, x, k)
     fp8_cvt = (fp8_cvt if fp8_cvt is not None else FP8_CVT) and fp8_tensor_cores(x.device)  # sm_89+; else the bit path
@@ -336,7 +327,12 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
     elem = args[0][0].element_size() if fmt == DENSE else 2
     overrides = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, warps_k=warps_k, num_stages=num_stages,
                      programs=programs, l2_ahead=l2_ahead)
-    cfg, stream = resolve_config(fmt, n_total, k, elem, x.device, fp8_cvt, stream, overrides)
+    cfg = dataclasses.replace(launch_config(fmt, n_total, k, elem, x.device, PERSISTENT),
+                              **{name: v for name, v in overrides.items() if v is not None})
+    if cfg.l2_ahead and x.device.type != "cuda":
+        raise ValueError("the L2 prefetch (l2_ahead) needs a CUDA device (Triton's interpreter has no PTX)")
+    if any(v < 1 or v & (v - 1) for v in (cfg.block_n, cfg.block_k, cfg.warps_k)) or cfg.block_k < 16:
+        raise ValueError(f"block_n, block_k and warps_k must be powers of 2, block_k >= 16: {cfg}")
     out_dtype = out_dtype or (out.dtype if out is not None else x.dtype)
     if out is None:
         out = torch.empty(1, n_total, device=x.device, dtype=out_dtype)
@@ -354,27 +350,8 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
         FP8_CVT=fp8_cvt and fmt == FP8,
         L2_AHEAD=cfg.l2_ahead if persistent else 0,
         OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        STREAM=stream, STAGES=cfg.num_stages, **norm_args, **pdl_launch(x.device), **reg_cap(x.device))
+        **norm_args, **pdl_launch(x.device), **reg_cap(x.device))
     return out
-
-
-def resolve_config(fmt: str, n_total: int, k: int, elem: int, device: torch.device, fp8_cvt: bool,
-                   stream: bool | None = None, overrides: dict | None = None) -> tuple[GemvConfig, bool]:
-    """(the launch config, whether the weights stream through shared memory) of one gemv_multi call: the streamed
-    K steps where asked (None: the switch gemv_stream.STREAM) and eligible, else launch_config (persistent where
-    the switch PERSISTENT is on); then the caller's config keywords (those not None) one by one."""
-    stream = not PERSISTENT and gemv_stream.use_stream(fmt, n_total, k, elem, fp8_cvt, stream)
-    cfg = launch_config(fmt, n_total, k, elem, device, PERSISTENT and not stream)
-    if stream:
-        cfg = gemv_stream.stream_config(cfg, fmt, n_total, k, elem, device_sms(device))
-    cfg = dataclasses.replace(cfg, **{name: v for name, v in (overrides or {}).items() if v is not None})
-    if stream and (cfg.programs or k % cfg.block_k or k // cfg.block_k < 2 or cfg.num_stages < 1):
-        raise ValueError(f"the streamed GEMV takes one program a tile and K ({k}) in >= 2 steps of block_k: {cfg}")
-    if cfg.l2_ahead and device.type != "cuda":
-        raise ValueError("the L2 prefetch (l2_ahead) needs a CUDA device (Triton's interpreter has no PTX)")
-    if any(v < 1 or v & (v - 1) for v in (cfg.block_n, cfg.block_k, cfg.warps_k)) or cfg.block_k < 16:
-        raise ValueError(f"block_n, block_k and warps_k must be powers of 2, block_k >= 16: {cfg}")
-    return cfg, stream
 
 
 def norm_launch(norm: tuple | None, x: torch.Tensor, k: int) -> dict:

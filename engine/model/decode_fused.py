@@ -23,9 +23,9 @@ off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (
 loaded): no launch of its own. More are off until their A/B: the LM head on the tensor cores
 (nvfp4_gemv_mma.LM_HEAD), route_topk in the router norm launch's last program (router_norm.TOPK_TAIL), the
 GEMVs' register cap (gemv_multi.REG_CAP), gate/up at one warp a program (nvfp4_experts_decode.ONE_WARP),
-gate/up as persistent programs that load a tile ahead (nvfp4_gate_up_stream.ON), and the weights streamed
-through shared memory in pipelined K steps: the FP8 GEMVs (gemv_stream.STREAM) and gate/up
-(nvfp4_experts_decode.PIPELINED).
+gate/up as persistent programs that load a tile ahead (nvfp4_gate_up_stream.ON), and gate/up's weights
+streamed through shared memory in pipelined K steps (nvfp4_experts_decode.PIPELINED). Tried, and removed after
+their A/B (docs/RESULTS.md session 18): the FP8 GEMVs' weights streamed so (1.042x the step).
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
