@@ -18,7 +18,7 @@ DECODE "asm" (CUDA) and "plain" (Triton integer arithmetic, the interpreter's pa
 the same bytes. References: quantize_x16_reference, gemv_int_reference (the same arithmetic in torch) and
 nvfp4 dequantization (the value it approximates).
 
-Status: a prototype for the next GPU A/B (the LM head, then the experts), not used by the engine yet.
+Status: the LM head behind LM_HEAD (off until its GPU A/B); the experts' gate/up in this form is the next step.
 """
 from __future__ import annotations
 
@@ -26,9 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import gdc_prologue, pdl_launch
 from .nvfp4_triton import _store_exact
 
-X_MAX = 32767.0  # int16 range used by the x quantization (symmetric)
+# The fused step's NVFP4 LM head through gemv_int (x quantized by one more launch): off until its GPU A/B
+# (profile_decode arm "lmint"). Logits at the level of x's int16 blocks (~1e-5 of the largest), not gemv_multi's
+# bytes.
+LM_HEAD = False
 
 
 @triton.jit
@@ -65,9 +69,10 @@ def word_dot(words, p0, p1, p2, p3, tp0, tn0, DECODE: tl.constexpr):
 
 
 @triton.jit
-def quantize_x16_kernel(x_ptr, pairs_ptr, scales_ptr, K, BLOCK_G: tl.constexpr):
+def quantize_x16_kernel(x_ptr, pairs_ptr, scales_ptr, K, BLOCK_G: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Blocks pid * BLOCK_G ... of 16 elements: scale = amax / 32767, q = floor(x / scale + 0.5) as int16
     pairs (element 2p in the low half of pair p)."""
+    gdc_prologue(USE_GDC)  # PDL: x is the previous kernel's output
     g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
     mask_g = g < K // 16
     cols = g[:, None] * 16 + tl.arange(0, 16)[None, :]
@@ -85,10 +90,12 @@ def quantize_x16_kernel(x_ptr, pairs_ptr, scales_ptr, K, BLOCK_G: tl.constexpr):
 @triton.jit
 def gemv_int_kernel(w_ptr, s_ptr, g_ptr, pairs_ptr, xs_ptr, tables_ptr, out_ptr, N, K: tl.constexpr,
                     BLOCK_N: tl.constexpr,
-                    BLOCK_G: tl.constexpr, DECODE: tl.constexpr, OUT_BF16: tl.constexpr):
+                    BLOCK_G: tl.constexpr, DECODE: tl.constexpr, OUT_BF16: tl.constexpr,
+                    USE_GDC: tl.constexpr = False):
     """Rows pid * BLOCK_N ...: out[n] = sum over 16-code groups b of (integer dot of group b) * scale[n, b] *
     xscale[b], then * global / 2 (the codes count double). w: int32 words (K / 8 a row), s: E4M3 bytes
     (K / 16 a row); BLOCK_G >= K / 16 groups, each two words."""
+    gdc_prologue(USE_GDC)  # PDL: x's pairs and scales are the previous kernel's output
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < N
     grp = tl.arange(0, BLOCK_G)
@@ -124,7 +131,8 @@ def quantize_x16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pairs = torch.empty(k // 2, device=x.device, dtype=torch.int32)
     scales = torch.empty(k // 16, device=x.device, dtype=torch.float32)
     block_g = 16
-    quantize_x16_kernel[(triton.cdiv(k // 16, block_g),)](x.contiguous(), pairs, scales, k, BLOCK_G=block_g)
+    quantize_x16_kernel[(triton.cdiv(k // 16, block_g),)](x.contiguous(), pairs, scales, k, BLOCK_G=block_g,
+                                                          **pdl_launch(x.device))
     return pairs, scales
 
 
@@ -145,7 +153,7 @@ def gemv_int(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x:
         packed.contiguous().view(torch.int32), scale.contiguous().view(torch.uint8),
         scale2.reshape(1).to(torch.float32), pairs, xs, tables(x.device), out, n, K=k, BLOCK_N=block_n,
         BLOCK_G=triton.next_power_of_2(k // 16), DECODE=decode, OUT_BF16=out_dtype == torch.bfloat16,
-        num_warps=num_warps)
+        num_warps=num_warps, **pdl_launch(x.device))
     return out
 
 

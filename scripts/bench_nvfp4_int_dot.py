@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""The NVFP4 LM head alone: gemv_multi (the default) against nvfp4_int_dot.gemv_int (x quantized to int16
+blocks by its own launch, then the integer-dot GEMV) over gemv_int's launch configs, at the real geometry
+(248,320 x 2,048, 286 MB: it spills L2, so each call reads HBM). A CUDA graph of `--inner` calls, the median of
+`--repeat` replays, in interleaved rounds; prints us a call, GB/s, the ratio to the default per round, and each
+arm's logits against the default's. On the CPU (Triton's interpreter) a small geometry, to check that it runs.
+
+    python scripts/bench_nvfp4_int_dot.py [--rounds 3] [--configs 16/4,32/4,8/4,32/8]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from bench_nvfp4_experts_decode import graph_timed  # scripts/ is on the path when this runs as a script
+from qwenlocal.engine.kernels.gemv_multi import gemv
+from qwenlocal.engine.kernels.nvfp4_int_dot import gemv_int, quantize_x16, tables
+
+
+def nvfp4_weight(n: int, k: int, dev: torch.device, gen: torch.Generator) -> dict:
+    """Random NVFP4 tensors of the checkpoint's layout: codes, E4M3 block scales (0.25-8), a global scale."""
+    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(n, k // 16, generator=gen) * 7.75 + 0.25).to(torch.float8_e4m3fn)
+    return {"weight": packed.to(dev), "weight_scale": scales.to(dev),
+            "weight_scale_2": torch.tensor(1e-3, device=dev)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--inner", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--configs", default="16/4,32/4,8/4,32/8", help="block_n/num_warps of gemv_int")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    n, k = (248_320, 2048) if cuda else (200, 512)
+    gen = torch.Generator().manual_seed(0)
+    w = nvfp4_weight(n, k, dev, gen)
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16).to(dev)
+    tables(dev)  # made before any capture
+    nbytes = n * k // 2 + n * k // 16
+    arms = {"gemv_multi": lambda: gemv(x, w, out_dtype=torch.float32),
+            "quantize_x16 alone": lambda: quantize_x16(x.reshape(-1))}
+    for cfg in args.configs.split(","):
+        bn, nw = (int(v) for v in cfg.split("/"))
+        arms[f"int {bn}/{nw}"] = lambda bn=bn, nw=nw: gemv_int(
+            w["weight"], w["weight_scale"].view(torch.uint8), w["weight_scale_2"], x.reshape(-1), torch.float32,
+            block_n=bn, num_warps=nw)
+    ref = arms["gemv_multi"]().float().reshape(-1)
+    for name, fn in arms.items():
+        if name.startswith("int"):
+            err = float((fn().float() - ref).abs().max() / ref.abs().max())
+            print(f"{name:<18} max |diff| / max |logit| = {err:.2e}", flush=True)
+    times = {name: [] for name in arms}
+    for _ in range(args.rounds):
+        for name, fn in arms.items():
+            times[name].append(1e6 * graph_timed([fn] * args.inner, args.repeat, cuda))
+    base = times["gemv_multi"]
+    print(f"\n{'arm':<18} {'us (median)':>11} {'GB/s':>7}  ratio to gemv_multi per round ({nbytes / 1e6:.1f} MB)")
+    for name, us in times.items():
+        med = statistics.median(us)
+        ratios = " ".join(f"{a / b:.3f}" for a, b in zip(us, base))
+        print(f"{name:<18} {med:>11.1f} {nbytes / med / 1e3:>7.0f}  {ratios}")
+
+
+if __name__ == "__main__":
+    main()
