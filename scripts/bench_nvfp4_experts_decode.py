@@ -9,8 +9,7 @@ expert (random codes and block scales, engine/kernels/nvfp4_grouped.random_nvfp4
   new              sigmoid(shared gate) + nvfp4_moe_decode_fused (two launches) at the best configs found
   gate_up <cfg>    expert_gate_up alone (routed + shared gate/up) over a grid of launch configs (persistent
                    programs: block_n x num_warps x one / two waves; then block_n x num_warps x x_split, scales and
-                   K steps), defaults first, then one warp a program and K steps streamed through shared memory
-                   (num_stages: nvfp4_experts_decode.PIPELINED's configs); the other decodes last
+                   K steps), defaults first, then one warp a program; the other decodes last
   down <cfg>       expert_down alone (routed + shared down, extra_scale) likewise (block_m x num_warps x x_split, ...)
 Each row: microseconds per call (CUDA: a CUDA graph of --inner calls, each on its own instance: other expert
 ids and another shared expert, so that the 50 MB L2 does not hold the weights between calls; median over
@@ -215,12 +214,6 @@ def main() -> int:
         # in one wave; session 16), then persistent programs (one or two waves; x loaded once a program): the
         # grid's budget may end early
         gu_grid = [dict()] + [dict(block_n=bn, num_warps=1) for bn in (1, 2, 4)]
-        # K steps streamed through shared memory (num_stages: Triton's pipeliner, session 17), PIPELINED's
-        # default first: rows a program, warps, groups a step (128 groups a row), stages
-        gu_grid += [dict(block_n=bn, num_warps=nw, block_g=bg, num_stages=ns)
-                    for bn, nw, bg, ns in ((4, 1, 32, 3), (8, 1, 32, 3), (8, 1, 16, 4), (2, 1, 32, 3),
-                                           (4, 1, 32, 4), (8, 2, 32, 3), (8, 4, 32, 3), (16, 4, 32, 3),
-                                           (16, 2, 32, 3), (4, 1, 64, 2))]
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         gu_grid += [dict(stream=True, programs=sms * per_sm, num_warps=nw)  # session 16: the look-ahead programs
                     for per_sm, nw in ((4, 4), (2, 4), (8, 4), (4, 2), (8, 2))]

@@ -26,36 +26,32 @@ TYPES = {"x_ptr": "*bf16", "ids_ptr": "*i64", "words_ptr": "*i32", "bytes_ptr": 
 HIDDEN, INTER, K_ROUTED = 2048, 512, 8
 
 
-def compile_sm90(block_n: int, num_warps: int, block_g: int | None = None, num_stages: int = 1, pdl: bool = True):
+def compile_sm90(block_n: int, num_warps: int, block_g: int | None = None, pdl: bool = True):
     fn = ed.expert_gate_up_kernel
     sig = {name: TYPES.get(name, "constexpr") for name in fn.arg_names}
     for name in ("H", "I", "row_words", "gu_scale_at", "glob_at", "tiles"):
         sig[name] = "i32"
     consts = dict(K_ROUTED=K_ROUTED, HAS_EXTRA=True, BLOCK_N=block_n, BLOCK_G=ed._block_g(HIDDEN, block_g),
-                  MASKED=False, DECODE="asm", X_SPLIT=True, GROUP_SCALES=False, USE_GDC=pdl, PERSISTENT=False,
-                  STAGES=num_stages)
+                  MASKED=False, DECODE="asm", X_SPLIT=True, GROUP_SCALES=False, USE_GDC=pdl, PERSISTENT=False)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n].startswith("*") or n in ("H", "I", "gu_scale_at")}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+                          options=dict(num_warps=num_warps))
 
 
-# (block_n, warps, block_g, stages): the default 2 x 4 (one K step), ONE_WARP 2 x 1; then K steps of block_g groups
-# that Triton's pipeliner streams through shared memory (cp.async, LDGSTS) `stages` deep
-CONFIGS = [(2, 4, None, 1), (2, 1, None, 1), (1, 1, None, 1), (4, 1, None, 1), (4, 4, None, 1), (8, 4, None, 1),
-           (8, 4, 32, 3), (16, 4, 32, 3), (16, 8, 32, 3), (16, 4, 16, 4), (8, 2, 32, 3), (32, 8, 16, 3),
-           (4, 1, 32, 3), (8, 1, 32, 3), (8, 1, 16, 4), (16, 2, 32, 3), (8, 4, 64, 2), (16, 4, 64, 2)]
+# (block_n, warps, block_g): the default 2 x 4 (one K step), ONE_WARP 2 x 1
+CONFIGS = [(2, 4, None), (2, 1, None), (1, 1, None), (4, 1, None), (4, 4, None), (8, 4, None)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", help="write ttgir / ptx / sass per config here")
     args = ap.parse_args()
-    print(f"{'block_n':>7} {'warps':>5} {'groups':>6} {'stages':>6} {'regs':>4} {'stack':>5} {'smem':>6} "
-          f"{'instrs':>6} {'LDG':>4} {'BAR':>4} {'SHFL':>4} {'LDGSTS':>6} {'programs/SM':>11} {'instr/code':>10}")
-    for block_n, num_warps, block_g, stages in CONFIGS:
-        kernel = compile_sm90(block_n, num_warps, block_g, stages)
-        path = os.path.join(args.dump or "/tmp", f"experts_decode_{block_n}_{num_warps}_{block_g}_{stages}")
+    print(f"{'block_n':>7} {'warps':>5} {'groups':>6} {'regs':>4} {'stack':>5} {'smem':>6} "
+          f"{'instrs':>6} {'LDG':>4} {'BAR':>4} {'SHFL':>4} {'programs/SM':>11} {'instr/code':>10}")
+    for block_n, num_warps, block_g in CONFIGS:
+        kernel = compile_sm90(block_n, num_warps, block_g)
+        path = os.path.join(args.dump or "/tmp", f"experts_decode_{block_n}_{num_warps}_{block_g}")
         body, usage, sass = sass_of(kernel, path, bool(args.dump))
         count = lambda op: sum(1 for ln in body if re.search(rf"\b{op}", ln))  # noqa: E731
         regs = int(usage["REG"])
@@ -64,9 +60,9 @@ def main() -> None:
         codes = 2 * block_n * HIDDEN / (32 * num_warps)  # gate and up rows of a program, over its threads
         steps = HIDDEN // 16 // ed._block_g(HIDDEN, block_g)
         instrs = loop_instructions(sass, steps)
-        print(f"{block_n:>7} {num_warps:>5} {str(block_g):>6} {stages:>6} {regs:>4} {usage['STACK']:>5} "
+        print(f"{block_n:>7} {num_warps:>5} {str(block_g):>6} {regs:>4} {usage['STACK']:>5} "
               f"{kernel.metadata.shared:>6} {len(body):>6} {count('LDG'):>4} {count('BAR'):>4} {count('SHFL'):>4} "
-              f"{count('LDGSTS'):>6} {per_sm:>11} {instrs / codes:>10.2f}")
+              f"{per_sm:>11} {instrs / codes:>10.2f}")
 
 
 if __name__ == "__main__":

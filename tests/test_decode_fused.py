@@ -264,31 +264,3 @@ def test_gate_up_in_look_ahead_programs_keeps_the_bytes(quantized_ckpt, monkeypa
     eng = _engine(quantized_ckpt, True, expert_slots=12)
     assert torch.equal(eng.score(ids, prefill=24), off) and len(calls) == 2 * len(eng.model.layers)
     assert torch.equal(_engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24), off)
-
-
-def test_the_pipelined_gate_up_in_the_step_matches_the_unfused_step(quantized_ckpt, monkeypatch):
-    """nvfp4_experts_decode.PIPELINED: every gate/up launch of the step in K steps whose loads stream through
-    shared memory (counted: each layer of each decode step, serial and with the shared expert apart), the logits
-    within fp32 rounding of the unfused step, the same argmax."""
-    from qwenlocal.engine.kernels import nvfp4_experts_decode
-
-    monkeypatch.setattr(nvfp4_experts_decode, "PIPELINED", True)
-    calls = []
-    real = nvfp4_experts_decode.expert_gate_up_kernel
-    monkeypatch.setattr(nvfp4_experts_decode, "expert_gate_up_kernel", _Counted(real, calls))
-    _check(quantized_ckpt, 2)
-    assert calls and all(c["STAGES"] == 3 and c["BLOCK_G"] == 1 for c in calls) and len(calls) == 2 * 4
-    _check(quantized_ckpt, 2, "copy-side", expert_slots=12)
-
-
-class _Counted:
-    """A Triton kernel's launches, their constexprs recorded."""
-
-    def __init__(self, kernel, calls):
-        self.kernel, self.calls = kernel, calls
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.calls.append(kwargs)
-            return self.kernel[grid](*args, **kwargs)
-        return launch

@@ -94,40 +94,6 @@ def test_gate_up_persistent_programs_give_the_bytes_of_one_program_a_tile(progra
 
 
 @pytest.mark.parametrize("hidden, inter, experts, ids", SIZES)
-@pytest.mark.parametrize("stages", [2, 3])
-def test_gate_up_with_its_steps_pipelined_gives_the_plain_loops_bytes(hidden, inter, experts, ids, stages,
-                                                                     nan_empty):
-    """num_stages > 1: the K steps' loads streamed through shared memory (Triton's pipeliner moves loads, not
-    arithmetic): every byte as the same steps in a plain loop, at the reference; the shared expert included;
-    a row in one step has nothing to stream (refused)."""
-    x, _, ids_t, rows, shared, _, _ = _problem(hidden, inter, experts, ids, 23, torch.bfloat16)
-    args = (*_dev(x, ids_t, rows), hidden, inter, _to_dev(shared[0] + shared[1]))
-    for cfg in (dict(block_n=16, block_g=2), dict(block_n=8, block_g=4, num_warps=2)):
-        plain = expert_gate_up(*args, **cfg)
-        piped = expert_gate_up(*args, num_stages=stages, **cfg)
-        assert torch.isfinite(piped).all() and torch.equal(piped, plain)
-        _close(piped, expert_gate_up_reference(x, ids_t, rows, hidden, inter, shared[0] + shared[1]))
-    with pytest.raises(ValueError, match="block_g must split the row"):
-        expert_gate_up(*args, block_n=16, num_stages=3)
-
-
-def test_the_pipelined_switch_fills_only_the_keywords_left_open(monkeypatch, nan_empty):
-    """nvfp4_experts_decode.PIPELINED: the launch keywords not given come from PIPELINED_CONFIG, block_g from
-    PIPELINED_STEPS steps a row; the bytes are those of the same keywords given by hand (and at the reference)."""
-    from qwenlocal.engine.kernels import nvfp4_experts_decode as ed
-
-    hidden, inter = 160, 48
-    x, _, ids_t, rows, shared, _, _ = _problem(hidden, inter, 6, [5, 0, 3], 29, torch.bfloat16)
-    args = (*_dev(x, ids_t, rows), hidden, inter, _to_dev(shared[0] + shared[1]))
-    by_hand = expert_gate_up(*args, block_n=4, num_warps=1, num_stages=3, block_g=4)  # 16 groups / 4 steps
-    monkeypatch.setattr(ed, "PIPELINED", True)
-    assert torch.equal(expert_gate_up(*args), by_hand)
-    assert torch.equal(expert_gate_up(*args, block_n=16), expert_gate_up(*args, block_n=16, block_g=4,
-                                                                         num_stages=3))
-    _close(by_hand, expert_gate_up_reference(x, ids_t, rows, hidden, inter, shared[0] + shared[1]))
-
-
-@pytest.mark.parametrize("hidden, inter, experts, ids", SIZES)
 @pytest.mark.parametrize("with_extra, with_scale, with_addend", [(False, False, False), (True, True, False),
                                                                  (True, False, True), (False, False, True)])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])

@@ -156,19 +156,18 @@ def tile_math(words, sc, xs, BLOCK_W: tl.constexpr, DECODE: tl.constexpr, GROUP_
 
 @triton.jit
 def rows_part(w_ptr, s_ptr, w2_ptr, s2_ptr, rows, mask_r, K, v_ptr, TWO: tl.constexpr, BLOCK_G: tl.constexpr,
-               MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr,
-               STAGES: tl.constexpr = 1):
+               MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr):
     """(W @ v, W2 @ v) * 2^-14 before the sum over K's columns (tl.sum(axis=1) finishes them) for the rows of
     one or (TWO) two NVFP4 matrices [*, K] (tile_part) sharing the activations v (K values); BLOCK_G
-    16-code groups per K step (one step when it covers K), accumulated column by column. STAGES > 1: the steps'
-    loads streamed through shared memory that many deep (Triton's pipeliner, cp.async; it pipelines a loop of
-    plain loads only where asked); 1: the plain loop (the same code as `range`)."""
+    16-code groups per K step (one step when it covers K), accumulated column by column. The K loop is not
+    pipelined: num_stages=1, the code every caller compiled while the pipelined K steps shared this loop
+    (tried: nvfp4_experts_decode.PIPELINED, removed after its A/B, docs/RESULTS.md session 18)."""
     if GROUP_SCALES:
         acc = tl.zeros([rows.shape[0], BLOCK_G], dtype=tl.float32)
     else:
         acc = tl.zeros([rows.shape[0], 2 * BLOCK_G], dtype=tl.float32)
     acc2 = acc
-    for w0 in tl.range(0, K // 8, 2 * BLOCK_G, num_stages=STAGES):
+    for w0 in tl.range(0, K // 8, 2 * BLOCK_G, num_stages=1):
         w = w0 + tl.arange(0, 2 * BLOCK_G)
         mask_w = w < K // 8
         xs = x_tiles(v_ptr, w, mask_w, 2 * BLOCK_G, MASKED, X_SPLIT)

@@ -19,7 +19,8 @@ Gate and up share one pass over x; the activations a word needs, v[8w .. 8w+7], 
 (x_split) two contiguous ones split in registers. sm_90 SASS (compiled here with Triton's ptxas, no GPU) is
 ~9 instructions per code for gate_up at block_n 2, ~4.4 of them the decode and FMAs; persistent programs
 (PERSISTENT, programs=) load x once per program instead of once per tile (~7.8 a code in the loop at block_n
-2, 6.5 at 4).
+2, 6.5 at 4). Tried, and removed after its A/B (docs/RESULTS.md session 18): gate/up in K steps whose loads
+Triton's pipeliner streamed through shared memory, 4 rows and one warp a program (1.038x the step).
 
 References: expert_gate_up_reference / expert_down_reference below (dequant_expert_rows and dequant_nvfp4, then
 the plain fp32 math in the same summation order).
@@ -42,7 +43,7 @@ from .nvfp4_triton import _store_exact, exact_out
 def _gate_up_rows(x_ptr, xs, w, mask_w, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, row_words, gu_scale_at,
                   glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j, n, K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr,
                   BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
-                  GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr, STAGES: tl.constexpr = 1):
+                  GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr):
     """act[j, n] for expert j (0..k-1 routed, k the extra one) and rows n. ONE_STEP: the whole row in one K
     step, its activations xs (x_tiles of words w) already loaded; else rows_part's K loop."""
     mask_n = n < I
@@ -56,7 +57,7 @@ def _gate_up_rows(x_ptr, xs, w, mask_w, ids_ptr, words_ptr, bytes_ptr, act_ptr, 
                               DECODE, GROUP_SCALES)
     else:
         gate, up = rows_part(gate_w, gate_s, up_w, up_s, rows, mask_n, H, x_ptr, True, BLOCK_G, MASKED, DECODE,
-                              X_SPLIT, GROUP_SCALES, STAGES)
+                              X_SPLIT, GROUP_SCALES)
     gate = tl.sum(gate, axis=1) * (g_gate * 16384.0)  # 2^14: the codes' scaling, exact
     up = tl.sum(up, axis=1) * (g_up * 16384.0)
     tl.store(act_ptr + j * I + n, gate / (1.0 + tl.exp(-gate)) * up, mask=mask_n)
@@ -68,7 +69,7 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
                           K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr,
                           X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False,
-                          PERSISTENT: tl.constexpr = False, STAGES: tl.constexpr = 1):
+                          PERSISTENT: tl.constexpr = False):
     """One program a (expert, row block): grid (k (+1), I / BLOCK_N). PERSISTENT (the whole row in one K step):
     a 1-D grid of programs taking the `tiles` (expert, row block) pairs pid, pid + grid, ... in turn, expert
     major, with x's activations loaded once per program instead of once per tile: the same bytes."""
@@ -88,7 +89,7 @@ def expert_gate_up_kernel(x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, r
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         _gate_up_rows(x_ptr, x_ptr, x_ptr, x_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, H, I, row_words,
                       gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, tl.program_id(0), n, K_ROUTED,
-                      HAS_EXTRA, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, False, STAGES)
+                      HAS_EXTRA, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, False)
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
@@ -158,19 +159,6 @@ PERSISTENT = False
 # level), the same in every path that runs it.
 ONE_WARP = False
 REGS_PER_THREAD = 128  # the budget one wave is sized for (the kernels' sm_90 code uses 54-64)
-# expert_gate_up as PIPELINED_STEPS K steps a row whose loads Triton's pipeliner streams through shared memory
-# (cp.async) num_stages deep, over more rows a program: a program sums one step while the next ones arrive,
-# where the one-step tile loads, then sums, in the same phase as every program of its wave. Triton pipelines a
-# loop of plain loads only where tl.range asks (num_stages of the launch alone leaves it serial: session 14's
-# block_g sweep ran unpipelined). sm_90 under the H200's Triton 3.6.0 (scripts/sass_experts_decode.py): 4 rows
-# and one warp a program, 4 steps of 512 codes, 3 stages: 72 registers, 6 KB of shared memory, 28 programs an SM
-# (the launch's 1,152 in one wave), 6.6 instructions a code against the default's 9.4 (8 rows at 4 warps: 7.9).
-# At ~19 M codes a launch that is ~3.7 us of issue against ~2.3 us of HBM time, so the count matters here. Off
-# until its GPU A/B (profile_decode arm "gupipe"); the sums in another order (per step, then across the steps):
-# the bf16 level.
-PIPELINED = False
-PIPELINED_CONFIG = dict(block_n=4, num_warps=1, num_stages=3)
-PIPELINED_STEPS = 4
 
 
 def persistent_programs(device: torch.device, num_warps: int) -> int:
@@ -206,8 +194,7 @@ def _block_g(k_in: int, block_g: int | None) -> int:
 def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                    extra: tuple | None = None, out: torch.Tensor | None = None, *, block_n: int | None = None,
                    block_g: int | None = None, num_warps: int | None = None, decode: str | None = None,
-                   x_split: bool = True, group_scales: bool = False, programs: int | None = None,
-                   num_stages: int | None = None) -> torch.Tensor:
+                   x_split: bool = True, group_scales: bool = False, programs: int | None = None) -> torch.Tensor:
     """act fp32 [n, I] (n = k, + 1 with extra): act[j] = SiLU(gate_j x) * (up_j x) for the row rows[ids[0, j]]
     and, with extra = (gate_packed, gate_scale, gate_scale2, up_packed, up_scale, up_scale2) (QuantLinear NVFP4
     tensors [I, H/2], [I, H/16] e4m3, fp32 []), act[k] for that expert. x [1, H] (or [H]) bf16/fp16/fp32,
@@ -217,20 +204,10 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     num_warps (None: 4, or 1 where ONE_WARP is on).
     programs: at most this many persistent programs taking the (expert, row block) tiles in turn, x loaded once
     each (the whole row in one K step only; None: the module switch PERSISTENT, one wave of them, else one
-    program a tile). num_stages: the K steps' loads streamed through shared memory that deep (Triton's pipeliner;
-    None: 1, a plain loop). The switch PIPELINED fills the keywords left None with PIPELINED_CONFIG and
-    PIPELINED_STEPS steps a row."""
+    program a tile)."""
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
-    if PIPELINED and programs is None and hidden >= 32:  # (a row of one 16-code group has no steps to stream)
-        block_n = block_n or PIPELINED_CONFIG["block_n"]
-        num_warps = num_warps or PIPELINED_CONFIG["num_warps"]
-        num_stages = num_stages or PIPELINED_CONFIG["num_stages"]
-        block_g = block_g or max(1, _block_g(hidden, None) // PIPELINED_STEPS)
-    num_stages = num_stages or 1
-    if num_stages > 1 and _block_g(hidden, block_g) * 16 >= hidden:
-        raise ValueError(f"num_stages {num_stages} streams K steps: block_g must split the row (H = {hidden})")
     if num_warps is None:
         num_warps = 1 if ONE_WARP else 4
     if block_n is None:  # 2 on a GPU; in Triton's interpreter (tests) whole experts, its time going by programs
@@ -250,8 +227,7 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
         x.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, out, hidden, inter, words.stride(0),
         off["gu_scale_at"], off["glob_at"], *gate, *up, tiles, K_ROUTED=k, HAS_EXTRA=extra is not None,
         BLOCK_N=block_n, BLOCK_G=bg, MASKED=masked, DECODE=_decode(decode, rows), X_SPLIT=x_split,
-        GROUP_SCALES=group_scales, PERSISTENT=persistent, STAGES=num_stages, num_warps=num_warps,
-        **({"num_stages": num_stages} if num_stages > 1 else {}), **pdl_launch(x.device))
+        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **pdl_launch(x.device))
     return out
 
 

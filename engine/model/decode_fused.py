@@ -22,10 +22,10 @@ off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (
 (the new residual and its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is
 loaded): no launch of its own. More are off until their A/B: the LM head on the tensor cores
 (nvfp4_gemv_mma.LM_HEAD), route_topk in the router norm launch's last program (router_norm.TOPK_TAIL), the
-GEMVs' register cap (gemv_multi.REG_CAP), gate/up at one warp a program (nvfp4_experts_decode.ONE_WARP),
-gate/up as persistent programs that load a tile ahead (nvfp4_gate_up_stream.ON), and gate/up's weights
-streamed through shared memory in pipelined K steps (nvfp4_experts_decode.PIPELINED). Tried, and removed after
-their A/B (docs/RESULTS.md session 18): the FP8 GEMVs' weights streamed so (1.042x the step).
+GEMVs' register cap (gemv_multi.REG_CAP), gate/up at one warp a program (nvfp4_experts_decode.ONE_WARP) and
+gate/up as persistent programs that load a tile ahead (nvfp4_gate_up_stream.ON). Tried, and removed after their
+A/B (docs/RESULTS.md session 18): the weights streamed through shared memory in pipelined K steps, of the FP8
+GEMVs (1.042x the step) and of gate/up (1.038x).
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
