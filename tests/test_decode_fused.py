@@ -215,23 +215,6 @@ def test_the_next_norm_in_the_down_launch_and_the_first_gemv_keeps_the_step(quan
     assert torch.equal(apart, on)
 
 
-def test_the_lm_head_on_the_tensor_cores_keeps_the_logits(quantized_ckpt, monkeypatch):
-    """nvfp4_gemv_mma.LM_HEAD: the NVFP4 LM head through the tensor-core GEMV (counted: once a decode step), x in
-    fp16: the logits within its fp16 rounding of gemv_multi's, the same argmax; the prompt's logits untouched."""
-    from qwenlocal.engine.kernels import nvfp4_gemv_mma
-
-    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(14))
-    off = _engine(quantized_ckpt, True).score(ids, prefill=24)
-    monkeypatch.setattr(nvfp4_gemv_mma, "LM_HEAD", True)
-    calls = []
-    real = nvfp4_gemv_mma.nvfp4_gemv_mma
-    monkeypatch.setattr(nvfp4_gemv_mma, "nvfp4_gemv_mma", lambda *a, **k: calls.append(1) or real(*a, **k))
-    on = _engine(quantized_ckpt, True).score(ids, prefill=24)
-    assert len(calls) == 2 and torch.equal(on[:24], off[:24])
-    assert ((on[24:] - off[24:]).abs().max() / off[24:].abs().max()) < 2e-3
-    assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
-
-
 def test_the_top_k_in_the_router_norms_last_program_keeps_the_bytes(quantized_ckpt, monkeypatch):
     """router_norm.TOPK_TAIL: route_topk's work in the router launch's last program (counted: every layer of
     every step, in bf16), the step's logits byte for byte those of the separate launch."""

@@ -20,12 +20,12 @@ its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a s
 off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (parts_norm.TILE_SUMS, on:
 0.983x the step on the H200) leaves the next layer's input add + RMSNorm to the MoE down launch's per-tile tails
 (the new residual and its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is
-loaded): no launch of its own. More are off until their A/B: the LM head on the tensor cores
-(nvfp4_gemv_mma.LM_HEAD), route_topk in the router norm launch's last program (router_norm.TOPK_TAIL), the
-GEMVs' register cap (gemv_multi.REG_CAP), gate/up at one warp a program (nvfp4_experts_decode.ONE_WARP) and
-gate/up as persistent programs that load a tile ahead (nvfp4_gate_up_stream.ON). Tried, and removed after their
-A/B (docs/RESULTS.md session 18): the weights streamed through shared memory in pipelined K steps, of the FP8
-GEMVs (1.042x the step) and of gate/up (1.038x).
+loaded): no launch of its own. More are off until their A/B: route_topk in the router norm launch's last
+program (router_norm.TOPK_TAIL), the GEMVs' register cap (gemv_multi.REG_CAP), gate/up at one warp a program
+(nvfp4_experts_decode.ONE_WARP) and gate/up as persistent programs that load a tile ahead
+(nvfp4_gate_up_stream.ON). Tried, and removed after their A/B (docs/RESULTS.md session 18): the weights
+streamed through shared memory in pipelined K steps, of the FP8 GEMVs (1.042x the step) and of gate/up
+(1.038x); the LM head on the tensor cores (1.088x).
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
@@ -39,7 +39,7 @@ import torch
 import triton
 
 from ..kernels import attention_decode as attention_decode_mod
-from ..kernels import nvfp4_experts_mma, nvfp4_gate_up_stream, nvfp4_gemv_mma
+from ..kernels import nvfp4_experts_mma, nvfp4_gate_up_stream
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import decode_router, gemv_mixed, gemv_norm, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
@@ -375,21 +375,6 @@ def _forward(model, ids, positions, state, start):
 
 
 def logits(model: "Qwen35MoeModel", hidden: torch.Tensor) -> torch.Tensor:
-    """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype);
-    on the tensor cores where nvfp4_gemv_mma.LM_HEAD and the head allows it (lm_head_mma_ok)."""
+    """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype)."""
     with programmatic_launch(model.kernels.pdl):
-        if nvfp4_gemv_mma.LM_HEAD and lm_head_mma_ok(model):
-            return nvfp4_gemv_mma.nvfp4_gemv_mma(hidden, model.lm_head_w.tensors, torch.float32)
         return gemv(hidden, model.lm_head_w, out_dtype=torch.float32)
-
-
-def lm_head_mma_ok(model: "Qwen35MoeModel") -> bool:
-    """An NVFP4 LM head whose K takes the tensor-core GEMV's steps, after a final norm whose outputs fit fp16.
-    Decided on the first call (an eager warm-up step: the check reads the norm's weight on the host), then kept."""
-    ok = getattr(model, "lm_head_mma", None)
-    if ok is None:
-        head = model.lm_head_w
-        ok = (isinstance(head, QuantLinear) and head.fmt == NVFP4 and nvfp4_gemv_mma.fits(head.in_features)
-              and nvfp4_experts_mma.fp16_safe_norm(model.norm, head.in_features))
-        model.lm_head_mma = ok
-    return ok
