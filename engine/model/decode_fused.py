@@ -41,7 +41,7 @@ import triton
 from ..kernels import attention_decode as attention_decode_mod
 from ..kernels import nvfp4_experts_mma, nvfp4_gate_up_stream
 from ..kernels import gdn_decode as gdn_decode_mod
-from ..kernels import decode_router, gemv_mixed, gemv_norm, parts_norm, router_gemv, router_norm
+from ..kernels import decode_router, gemv_mixed, gemv_norm, nvfp4_int_dot, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
@@ -375,6 +375,12 @@ def _forward(model, ids, positions, state, start):
 
 
 def logits(model: "Qwen35MoeModel", hidden: torch.Tensor) -> torch.Tensor:
-    """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype)."""
+    """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype);
+    an NVFP4 head as integer dot products where nvfp4_int_dot.LM_HEAD (x in int16 blocks: ~1e-5 of the logits)."""
+    head = model.lm_head_w
     with programmatic_launch(model.kernels.pdl):
-        return gemv(hidden, model.lm_head_w, out_dtype=torch.float32)
+        if nvfp4_int_dot.LM_HEAD and isinstance(head, QuantLinear) and head.fmt == NVFP4:
+            t = head.tensors
+            return nvfp4_int_dot.gemv_int(t["weight"], t["weight_scale"], t["weight_scale_2"], hidden.reshape(-1),
+                                          torch.float32).reshape(1, -1)
+        return gemv(hidden, head, out_dtype=torch.float32)
