@@ -129,7 +129,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
             "regcap": (gemv_multi, "REG_CAP"),
-            "routetail": (router_norm, "TOPK_TAIL"), "gu1warp": (nvfp4_experts_decode, "ONE_WARP"),
+            "gu1warp": (nvfp4_experts_decode, "ONE_WARP"),
             "gustream": (nvfp4_gate_up_stream, "ON")}
 
 

@@ -24,27 +24,20 @@ import triton
 import triton.language as tl
 
 from .decode_norm import _add_rms_norm_row, round_code
-from .launch import gdc_prologue, last_to_arrive, pdl_launch
+from .launch import gdc_prologue, pdl_launch
 from .nvfp4_triton import _store_exact, exact_out
-from .route_keys import MAX_EXPERTS, store_route
 
 FUSED = True  # measured: docs/RESULTS.md session 11 call 2 (the profile_decode arm "routernorm")
-# route_topk's work (route_keys.store_route over the packed 16-bit keys) in the launch's last program to arrive,
-# not in a one-program launch of its own: route_topk's bytes (integer maxima and scalar sums: the same whatever
-# the warps). The fp32 tail of session 10 lost this way (router_gemv.FUSED: 1.03x), when the top-k took 3.5 us;
-# over the keys it takes 1.7. Off until its GPU A/B (profile_decode arm "routetail").
-TOPK_TAIL = False
+# (Tried: route_topk's packed-key top-k in this launch's last program to arrive; removed after its A/B,
+# docs/RESULTS.md session 18: 1.017x the step.)
 
 
 @triton.jit
 def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, router_ptr, gate_ptr, logits_ptr, E,
                        eps, K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
-                       USE_GDC: tl.constexpr = False, logits_rd_ptr=None, weights_ptr=None, ids_ptr=None,
-                       shared_ptr=None, counter_ptr=None, TOP_K: tl.constexpr = 0, KP: tl.constexpr = 1,
-                       BLOCK_E: tl.constexpr = 1, WEIGHTS_BF16: tl.constexpr = False, FENCE: tl.constexpr = False):
+                       USE_GDC: tl.constexpr = False):
     """Program pid: rows pid * BLOCK_N ... of [router (E rows) | shared gate (row E)] times the normed row;
-    program 0 also stores the new residual and the normed row (int16 views for bf16). TOP_K > 0: the last
-    program to arrive reads the logits back (logits_rd_ptr: their own dtype) and stores route_topk's outputs."""
+    program 0 also stores the new residual and the normed row (int16 views for bf16)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows <= E
@@ -59,21 +52,15 @@ def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, rout
                                True, ROUND, BLOCK_H, 0, FIRST_STORES=True)
     logits = tl.sum(tile.to(tl.float32) * normed[None, :], axis=1)
     _store_exact(logits_ptr + rows, logits, mask_n, ROUND == 1)
-    if TOP_K > 0:
-        if last_to_arrive(counter_ptr, tl.num_programs(0), FENCE):
-            store_route(logits_rd_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K, KP, BLOCK_E, ROUND == 2,
-                        WEIGHTS_BF16)
 
 
 def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps: float, router_w: torch.Tensor,
-                shared_gate: torch.Tensor, *, num_warps: int | None = None, route: tuple | None = None) -> tuple:
+                shared_gate: torch.Tensor, *, num_warps: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, delta [1, K] (the residual, the mixer's projected output), norm_w [K]; router_w [E, K] and shared_gate
     [1, K] plain tensors of x's dtype -> (new_x [1, K], normed [1, K], logits [1, E + 1]): add_rms_norm(x, delta,
     norm_w, eps)'s bytes (an ulp of rstd on a GPU), then gemv_multi(normed, [router_w, shared_gate]) within the
-    rounding of another summation order (see above). One launch, no host sync.
-    route = (top_k, weights_dtype, counter: launch.new_counter(device)), for 16-bit x: also route_topk(logits, E,
-    top_k, weights_dtype)'s outputs (weights [1, k], ids [1, k] int64, shared_scale [1] fp32), in this launch's
-    last program: (new_x, normed, logits, (weights, ids, shared_scale))."""
+    rounding of another summation order (see above). One launch, no host sync."""
     k = x.shape[-1]
     for name, t in (("x", x), ("delta", delta)):
         if t.shape != (1, k) or t.stride(-1) != 1:
@@ -92,31 +79,9 @@ def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps:
     new_x = torch.empty(1, k, device=x.device, dtype=x.dtype)
     normed = torch.empty(1, k, device=x.device, dtype=x.dtype)
     logits = torch.empty(1, e + 1, device=x.device, dtype=x.dtype)
-    tail, outs = _route_args(route, x, e, logits)
     router_norm_kernel[(triton.cdiv(e + 1, block_n),)](
         x, delta.contiguous(), norm_w, exact_out(new_x), exact_out(normed), router_w.contiguous(),
         shared_gate.contiguous(), exact_out(logits), e, eps,
         K=k, BLOCK_H=triton.next_power_of_2(k), BLOCK_N=block_n, ROUND=round_code(x.dtype),
-        num_warps=num_warps or 2, **pdl_launch(x.device), **tail)
-    return (new_x, normed, logits) if route is None else (new_x, normed, logits, outs)
-
-
-def _route_args(route: tuple | None, x: torch.Tensor, e: int, logits: torch.Tensor) -> tuple[dict, tuple | None]:
-    """The kernel keywords of route= and the outputs they fill (none without it)."""
-    if route is None:
-        return {}, None
-    top_k, weights_dtype, counter = route
-    if x.dtype not in (torch.bfloat16, torch.float16) or e > MAX_EXPERTS:
-        raise ValueError(f"the top-k tail takes 16-bit logits of at most {MAX_EXPERTS} experts, got {x.dtype}, {e}")
-    if not 1 <= top_k <= e:
-        raise ValueError(f"top_k {top_k} must be in 1..{e}")
-    if counter.dtype != torch.int32 or counter.numel() != 1 or counter.device != x.device:
-        raise ValueError("counter must be launch.new_counter(x.device): one int32 on x's device")
-    round_code(weights_dtype)
-    outs = (torch.empty(1, top_k, device=x.device, dtype=weights_dtype),
-            torch.empty(1, top_k, device=x.device, dtype=torch.int64),
-            torch.empty(1, device=x.device, dtype=torch.float32))
-    return dict(logits_rd_ptr=logits, weights_ptr=exact_out(outs[0]), ids_ptr=outs[1], shared_ptr=outs[2],
-                counter_ptr=counter, TOP_K=top_k, KP=triton.next_power_of_2(top_k),
-                BLOCK_E=triton.next_power_of_2(e), WEIGHTS_BF16=weights_dtype == torch.bfloat16,
-                FENCE=x.device.type == "cuda"), outs
+        num_warps=num_warps or 2, **pdl_launch(x.device))
+    return new_x, normed, logits

@@ -20,12 +20,12 @@ its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a s
 off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (parts_norm.TILE_SUMS, on:
 0.983x the step on the H200) leaves the next layer's input add + RMSNorm to the MoE down launch's per-tile tails
 (the new residual and its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is
-loaded): no launch of its own. More are off until their A/B: route_topk in the router norm launch's last
-program (router_norm.TOPK_TAIL), the GEMVs' register cap (gemv_multi.REG_CAP), gate/up at one warp a program
-(nvfp4_experts_decode.ONE_WARP) and gate/up as persistent programs that load a tile ahead
-(nvfp4_gate_up_stream.ON). Tried, and removed after their A/B (docs/RESULTS.md session 18): the weights
-streamed through shared memory in pipelined K steps, of the FP8 GEMVs (1.042x the step) and of gate/up
-(1.038x); the LM head on the tensor cores (1.088x).
+loaded): no launch of its own. More are off until their A/B: the GEMVs' register cap (gemv_multi.REG_CAP),
+gate/up at one warp a program (nvfp4_experts_decode.ONE_WARP) and gate/up as persistent programs that load a
+tile ahead (nvfp4_gate_up_stream.ON). Tried, and removed after their A/B (docs/RESULTS.md session 18): the
+weights streamed through shared memory in pipelined K steps, of the FP8 GEMVs (1.042x the step) and of gate/up
+(1.038x); the LM head on the tensor cores (1.088x); route_topk in the router norm launch's last program
+(1.017x).
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
@@ -41,7 +41,7 @@ import triton
 from ..kernels import attention_decode as attention_decode_mod
 from ..kernels import nvfp4_experts_mma, nvfp4_gate_up_stream
 from ..kernels import gdn_decode as gdn_decode_mod
-from ..kernels import decode_router, gemv_mixed, gemv_norm, nvfp4_int_dot, parts_norm, router_gemv, router_norm
+from ..kernels import gemv_mixed, gemv_norm, nvfp4_int_dot, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
@@ -233,13 +233,6 @@ def router_takes_the_norm(moe: "SparseMoE", x: torch.Tensor) -> bool:
 def _route_with_norm(moe: "SparseMoE", pending: tuple):
     """(weights, ids, shared_scale, new_x, normed): pending = (x, mixer delta, post_norm, eps) normed by the
     router's programs, then route_topk's tail on their logits."""
-    x = pending[0]
-    if (router_norm.TOPK_TAIL and decode_router.KEYS and "route" not in DROP
-            and x.dtype in (torch.bfloat16, torch.float16)):  # route_topk in the launch's last program
-        route = (moe.top_k, x.dtype, _counters(moe, "route_tail_counter", x.device))
-        new_x, h, _, (weights, ids, shared_scale) = router_norm.router_norm(*pending, moe.router_w,
-                                                                             moe.shared_gate, route=route)
-        return weights, ids, shared_scale, new_x, h
     new_x, h, router_logits = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate)
     if "route" in DROP:
         return (*_dropped_route(moe, h), new_x, h)
