@@ -5,7 +5,7 @@ blocks by its own launch, then the integer-dot GEMV) over gemv_int's launch conf
 `--repeat` replays, in interleaved rounds; prints us a call, GB/s, the ratio to the default per round, and each
 arm's logits against the default's. On the CPU (Triton's interpreter) a small geometry, to check that it runs.
 
-    python scripts/bench_nvfp4_int_dot.py [--rounds 3] [--configs 16/4,32/4,8/4,32/8]
+    python scripts/bench_nvfp4_int_dot.py [--rounds 3] [--configs 4/1,4/2,2/1,8/4,16/4]
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--inner", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--configs", default="16/4,32/4,8/4,32/8", help="block_n/num_warps of gemv_int")
+    ap.add_argument("--configs", default="4/1,4/2,2/1,8/4,16/4", help="block_n/num_warps of gemv_int")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")

@@ -25,7 +25,7 @@ from sass_util import sass_of  # noqa: E402 (scripts/ is on sys.path when this r
 K = 2048
 TYPES = {"w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "pairs_ptr": "*i32", "xs_ptr": "*fp32", "tables_ptr": "*i32",
          "out_ptr": "*bf16", "N": "i32"}
-CONFIGS = [(16, 4), (8, 4), (32, 4), (16, 8), (32, 8), (8, 2), (4, 1), (8, 1)]  # (block_n, warps)
+CONFIGS = [(4, 1), (4, 2), (2, 1), (16, 4), (8, 4), (32, 4), (16, 8), (32, 8), (8, 2), (8, 1)]  # (block_n, warps)
 
 
 def compile_sm90(block_n: int, num_warps: int):

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .launch import gdc_prologue, pdl_launch
-from .nvfp4_triton import _store_exact
+from .nvfp4_triton import _store_exact, exact_out
 
 # The fused step's NVFP4 LM head through gemv_int (x quantized by one more launch): off until its GPU A/B
 # (profile_decode arm "lmint"). Logits at the level of x's int16 blocks (~1e-5 of the largest), not gemv_multi's
@@ -137,9 +137,11 @@ def quantize_x16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def gemv_int(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x: torch.Tensor,
-             out_dtype: torch.dtype = torch.float32, *, block_n: int = 16, num_warps: int = 4,
+             out_dtype: torch.dtype = torch.float32, *, block_n: int = 4, num_warps: int = 1,
              decode: str | None = None) -> torch.Tensor:
-    """NVFP4 weight (packed uint8 [N, K/2], E4M3 scales [N, K/16], fp32 global) times x [K] -> [N]."""
+    """NVFP4 weight (packed uint8 [N, K/2], E4M3 scales [N, K/16], fp32 global) times x [K] -> [N]. The default
+    launch, 4 rows and one warp a program, was the fastest of 14 for the LM head on the H200 (109.7 us against
+    gemv_multi's 129.6; 16 rows x 4 warps, the fewest instructions a code, took 181: docs/RESULTS.md session 18)."""
     n, k = packed.shape[0], 2 * packed.shape[1]
     if packed.dtype != torch.uint8 or k % 16 or scale.shape != (n, k // 16) or x.numel() != k:
         raise ValueError(f"need packed uint8 [N, K/2] with K % 16 == 0, scales [N, K/16] and x [K]; got "
@@ -151,7 +153,7 @@ def gemv_int(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x:
     out = torch.empty(n, device=x.device, dtype=out_dtype)
     gemv_int_kernel[(triton.cdiv(n, block_n),)](
         packed.contiguous().view(torch.int32), scale.contiguous().view(torch.uint8),
-        scale2.reshape(1).to(torch.float32), pairs, xs, tables(x.device), out, n, K=k, BLOCK_N=block_n,
+        scale2.reshape(1).to(torch.float32), pairs, xs, tables(x.device), exact_out(out), n, K=k, BLOCK_N=block_n,
         BLOCK_G=triton.next_power_of_2(k // 16), DECODE=decode, OUT_BF16=out_dtype == torch.bfloat16,
         num_warps=num_warps, **pdl_launch(x.device))
     return out
