@@ -109,7 +109,6 @@ def main() -> int:
     from qwenlocal.engine.kernels.decode_norm import add_rms_norm
     from qwenlocal.engine.kernels.nvfp4_experts_parts import expert_down_parts, expert_down_parts_reference
     from qwenlocal.engine.kernels.nvfp4_experts_mma import expert_gate_up_mma
-    from qwenlocal.engine.kernels.nvfp4_gate_up_stream import expert_gate_up_stream
     from qwenlocal.engine.kernels.nvfp4_grouped import random_nvfp4_rows
     from qwenlocal.engine.kernels.nvfp4_triton import nvfp4_gemv, nvfp4_moe_decode
 
@@ -171,9 +170,8 @@ def main() -> int:
     measure("old: moe_decode + 3 gemv shared + torch", lambda p: old(p), gu_bytes + dn_bytes, ref_out)
     measure("new, default configs (2 launches + gate)", lambda p: new(p), gu_bytes + dn_bytes, ref_out)
 
-    def gate_up(p, stream=False, **cfg):  # stream: nvfp4_gate_up_stream's persistent look-ahead programs
-        fn = expert_gate_up_stream if stream else expert_gate_up
-        return fn(p["x"], p["ids"], rows, h, i, p["shared"][0] + p["shared"][1], **cfg)
+    def gate_up(p, **cfg):
+        return expert_gate_up(p["x"], p["ids"], rows, h, i, p["shared"][0] + p["shared"][1], **cfg)
 
     mma_counters = {}
 
@@ -214,9 +212,6 @@ def main() -> int:
         # in one wave; session 16), then persistent programs (one or two waves; x loaded once a program): the
         # grid's budget may end early
         gu_grid = [dict()] + [dict(block_n=bn, num_warps=1) for bn in (1, 2, 4)]
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        gu_grid += [dict(stream=True, programs=sms * per_sm, num_warps=nw)  # session 16: the look-ahead programs
-                    for per_sm, nw in ((4, 4), (2, 4), (8, 4), (4, 2), (8, 2))]
         gu_grid += [dict(block_n=bn, num_warps=nw, programs=waves * persistent_programs(dev, nw))
                     for bn, nw, waves in itertools.product((2, 4, 8), (4, 2), (1, 2))]
         gu_grid += [dict(block_n=bn, num_warps=nw, x_split=xs)
@@ -230,7 +225,7 @@ def main() -> int:
         dn_grid += [dict(block_g=16)]
     else:
         gu_grid = [dict(block_n=8), dict(block_n=16, block_g=2, x_split=False, group_scales=True),
-                   dict(block_n=8, programs=3), dict(block_n=8, stream=True, programs=3)]
+                   dict(block_n=8, programs=3)]
         dn_grid = [dict(block_m=8), dict(block_m=32, x_split=True, group_scales=False)]
     if cuda:  # the tensor-core gate/up: K split over programs x rows a program x warps, then the other scaling
         mma_grid = [dict(split=sp, block_n=bn, num_warps=nw) for sp in (4, 8, 2, 1)

@@ -37,8 +37,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench_resident import timed  # scripts/ is on the path when this runs as a script
 from qwenlocal.engine import Engine
 from qwenlocal.engine.kernels import (attention_decode, decode_router, gdn_decode, gemv_mixed, gemv_multi, gemv_norm,
-                                      nvfp4_experts_decode, nvfp4_experts_mma, nvfp4_gate_up_stream, parts_norm,
-                                      router_gemv, router_norm)
+                                      nvfp4_experts_decode, nvfp4_experts_mma, parts_norm, router_gemv, router_norm)
 from qwenlocal.engine.bench.measure import device_gbps
 from qwenlocal.engine.model import decode_fused
 from qwenlocal.engine.roofline import model_step_bytes
@@ -129,8 +128,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
             "regcap": (gemv_multi, "REG_CAP"),
-            "gu1warp": (nvfp4_experts_decode, "ONE_WARP"),
-            "gustream": (nvfp4_gate_up_stream, "ON")}
+            "gu1warp": (nvfp4_experts_decode, "ONE_WARP")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

@@ -212,19 +212,3 @@ def test_the_next_norm_in_the_down_launch_and_the_first_gemv_keeps_the_step(quan
     assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
     apart = _engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24)
     assert torch.equal(apart, on)
-
-
-def test_gate_up_in_look_ahead_programs_keeps_the_bytes(quantized_ckpt, monkeypatch):
-    """nvfp4_gate_up_stream.ON: every gate/up launch as persistent programs that load a tile ahead (counted),
-    serial and with the shared expert apart: the step's logits byte for byte those of expert_gate_up."""
-    from qwenlocal.engine.kernels import nvfp4_gate_up_stream
-
-    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(16))
-    off = _engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24)
-    monkeypatch.setattr(nvfp4_gate_up_stream, "ON", True)
-    calls = []
-    real = nvfp4_gate_up_stream.expert_gate_up_stream
-    monkeypatch.setattr(nvfp4_gate_up_stream, "expert_gate_up_stream", lambda *a, **k: calls.append(1) or real(*a, **k))
-    eng = _engine(quantized_ckpt, True, expert_slots=12)
-    assert torch.equal(eng.score(ids, prefill=24), off) and len(calls) == 2 * len(eng.model.layers)
-    assert torch.equal(_engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24), off)

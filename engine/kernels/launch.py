@@ -106,16 +106,3 @@ def resident_programs(device: torch.device, threads: int, regs_per_thread: int) 
 
 _RESIDENT: dict[tuple[int, int, int], int] = {}
 
-
-def device_sms(device: torch.device) -> int:
-    """The device's SMs, read once (off a GPU: an H200's 132, what the launch configs are sized for)."""
-    if device.type != "cuda":
-        return 132
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index]
-
-
-_SMS: dict[int, int] = {}
-

@@ -116,8 +116,9 @@ def tile_part(w_ptr, s_ptr, rows, mask_r, w0, w, mask_w, K, xs, BLOCK_W: tl.cons
 @triton.jit
 def tile_loads(w_ptr, s_ptr, rows, mask_r, w0, w, mask_w, K, BLOCK_W: tl.constexpr, MASKED: tl.constexpr,
                GROUP_SCALES: tl.constexpr):
-    """tile_part's weight loads: (the words [len(rows), BLOCK_W], their scale bytes): apart from its math so
-    that a persistent program can load its next tile's weights before it computes this one's."""
+    """tile_part's weight loads: (the words [len(rows), BLOCK_W], their scale bytes), apart from its math (for
+    gate/up programs that loaded their next tile before this one's sums: tried, nvfp4_gate_up_stream, removed
+    after its A/B, docs/RESULTS.md session 18)."""
     w_ptrs = w_ptr + (rows[:, None] * (K // 8) + w[None, :])
     if MASKED:
         words = tl.load(w_ptrs, mask=mask_r[:, None] & mask_w[None, :], other=0)

@@ -20,12 +20,11 @@ its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a s
 off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (parts_norm.TILE_SUMS, on:
 0.983x the step on the H200) leaves the next layer's input add + RMSNorm to the MoE down launch's per-tile tails
 (the new residual and its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is
-loaded): no launch of its own. More are off until their A/B: the GEMVs' register cap (gemv_multi.REG_CAP),
-gate/up at one warp a program (nvfp4_experts_decode.ONE_WARP) and gate/up as persistent programs that load a
-tile ahead (nvfp4_gate_up_stream.ON). Tried, and removed after their A/B (docs/RESULTS.md session 18): the
-weights streamed through shared memory in pipelined K steps, of the FP8 GEMVs (1.042x the step) and of gate/up
-(1.038x); the LM head on the tensor cores (1.088x); route_topk in the router norm launch's last program
-(1.017x).
+loaded): no launch of its own. More are off until their A/B: the GEMVs' register cap (gemv_multi.REG_CAP) and
+gate/up at one warp a program (nvfp4_experts_decode.ONE_WARP). Tried, and removed after their A/B (docs/
+RESULTS.md session 18): the weights streamed through shared memory in pipelined K steps, of the FP8 GEMVs
+(1.042x the step) and of gate/up (1.038x); the LM head on the tensor cores (1.088x); route_topk in the router
+norm launch's last program (1.017x); gate/up as persistent programs that load a tile ahead (1.003x).
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
@@ -39,7 +38,7 @@ import torch
 import triton
 
 from ..kernels import attention_decode as attention_decode_mod
-from ..kernels import nvfp4_experts_mma, nvfp4_gate_up_stream
+from ..kernels import nvfp4_experts_mma
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import gemv_mixed, gemv_norm, nvfp4_int_dot, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
@@ -269,8 +268,6 @@ def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.T
         counters = _counters(moe, site, h.device, n * triton.cdiv(moe.inter, cfg["block_n"]))
         return nvfp4_experts_mma.expert_gate_up_mma(h, ids, rows, moe.hidden, moe.inter, extra, counters=counters,
                                                     **cfg)
-    if nvfp4_gate_up_stream.ON and moe.hidden <= 4096 and ids.shape[-1] <= 64:  # the same bytes, look-ahead programs
-        return nvfp4_gate_up_stream.expert_gate_up_stream(h, ids, rows, moe.hidden, moe.inter, extra=extra)
     return expert_gate_up(h, ids, rows, moe.hidden, moe.inter, extra=extra)
 
 
