@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Compile the integer-dot NVFP4 GEMV (kernels/nvfp4_int_dot.gemv_int_kernel) for sm_90 WITHOUT a GPU (Triton's
-bundled ptxas; use the H200's Triton, scripts/sass_util.py says how) at K = 2048 (the LM head's and the experts'
-gate/up K) and print, per launch config: registers, spill stack, SASS instructions, PRMT / IDP (dp2a) / LDG
+"""Compile the integer-dot NVFP4 GEMV (kernels/nvfp4_int_dot.gemv_int_kernel) and the experts' gate/up in the same
+form (kernels/nvfp4_int_experts, 8 routed + the shared expert, I 512) for sm_90 WITHOUT a GPU (Triton's bundled
+ptxas; use the H200's Triton, scripts/sass_util.py says how) at K = 2048 and print, per launch config: registers, spill stack, SASS instructions, PRMT / IDP (dp2a) / LDG
 counts and instructions a weight code (the kernel is straight-line: its count over the codes a thread handles).
 A check of how much work a thread does, not a timing; gemv_multi's NVFP4 LM head is 5.8 a code, expert_gate_up
 9.4 (docs/RESULTS.md session 17).
@@ -20,12 +20,29 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from qwenlocal.engine.kernels import nvfp4_int_dot as nid  # noqa: E402
+from qwenlocal.engine.kernels import nvfp4_int_experts as nie  # noqa: E402
 from sass_util import sass_of  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
 
 K = 2048
 TYPES = {"w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "pairs_ptr": "*i32", "xs_ptr": "*fp32", "tables_ptr": "*i32",
          "out_ptr": "*bf16", "N": "i32"}
 CONFIGS = [(4, 1), (4, 2), (2, 1), (16, 4), (8, 4), (32, 4), (16, 8), (32, 8), (8, 2), (8, 1)]  # (block_n, warps)
+EXPERT_TYPES = {"pairs_ptr": "*i32", "xs_ptr": "*fp32", "tables_ptr": "*i32", "ids_ptr": "*i64", "words_ptr": "*i32",
+                "bytes_ptr": "*u8", "act_ptr": "*fp32", "xg_w": "*i32", "xg_s": "*u8", "xg_g": "*fp32",
+                "xu_w": "*i32", "xu_s": "*u8", "xu_g": "*fp32"}
+EXPERT_CONFIGS = [(2, 1), (4, 1), (1, 1), (2, 2), (4, 2), (8, 4)]  # expert_gate_up's default: 2 rows x 4 warps
+
+
+def compile_experts_sm90(block_n: int, num_warps: int):
+    fn = nie.expert_gate_up_int_kernel
+    sig = {name: EXPERT_TYPES.get(name, "constexpr") for name in fn.arg_names}
+    for name in ("I", "row_words", "gu_scale_at", "glob_at"):
+        sig[name] = "i32"
+    consts = dict(H=K, K_ROUTED=8, HAS_EXTRA=True, BLOCK_N=block_n, BLOCK_G=K // 16, DECODE="asm", USE_GDC=True)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n].startswith("*") or n in ("I", "gu_scale_at")}
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps))
 
 
 def compile_sm90(block_n: int, num_warps: int):
@@ -49,6 +66,15 @@ def main() -> None:
         body, usage, _ = sass_of(kernel, path, bool(args.dump))
         count = lambda op: sum(1 for ln in body if re.search(rf"\b{op}", ln))  # noqa: E731
         codes = block_n * K / (32 * num_warps)
+        print(f"{block_n:>7} {num_warps:>5} {usage['REG']:>4} {usage['STACK']:>5} {len(body):>6} {count('PRMT'):>5} "
+              f"{count('IDP'):>5} {count('LDG'):>4} {count('SHFL'):>4} {len(body) / codes:>10.2f}")
+    print("\nexperts' gate/up (gate and up rows of a program; expert_gate_up at 2 x 4: 9.4 a code)")
+    for block_n, num_warps in EXPERT_CONFIGS:
+        kernel = compile_experts_sm90(block_n, num_warps)
+        path = os.path.join(args.dump or "/tmp", f"nvfp4_int_experts_{block_n}_{num_warps}")
+        body, usage, _ = sass_of(kernel, path, bool(args.dump))
+        count = lambda op: sum(1 for ln in body if re.search(rf"\b{op}", ln))  # noqa: E731
+        codes = 2 * block_n * K / (32 * num_warps)
         print(f"{block_n:>7} {num_warps:>5} {usage['REG']:>4} {usage['STACK']:>5} {len(body):>6} {count('PRMT'):>5} "
               f"{count('IDP'):>5} {count('LDG'):>4} {count('SHFL'):>4} {len(body) / codes:>10.2f}")
 

@@ -1,0 +1,128 @@
+"""The batch-1 experts' gate/up (nvfp4_experts_decode.expert_gate_up) as integer dot products (nvfp4_int_dot).
+
+Why: expert_gate_up is the step's largest kernel (9.3 us a layer, 40 layers) and Nsight Compute has it issuing
+instructions half its time at 9.4 SASS instructions a code (docs/RESULTS.md session 18). The same rows, routed
+ids and shared expert, with each word's eight codes turned into int8 by PRMTs and multiplied into x's int16
+pairs by dp2a (nvfp4_int_dot.word_dot). x comes quantized (nvfp4_int_dot.quantize_x16: int16 pairs and fp32
+scales per 16-element block), so that one quantization serves every program of the launch.
+
+act[j] = SiLU(g) * u with g = gate_j x, u = up_j x, each the sum over 16-code groups of (the group's exact
+integer dot) * E4M3 scale * x's block scale, in fp32 in a fixed order, times the global / 2. Not
+expert_gate_up's bytes: x's int16 blocks put act within ~2e-4 of the fp32 reference (relative to its largest),
+under bf16's 2^-9. Reference: expert_gate_up_int_reference (the same integers and order of scaling in torch);
+nvfp4_experts_decode.expert_gate_up_reference for the value it approximates.
+
+Status: built and tested in the interpreter; its GPU A/B against expert_gate_up (and x's quantization moved
+into the router's launch, which already stores the normed row) is the next session's.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .launch import gdc_prologue, pdl_launch
+from .nvfp4_expert_rows import gate_up_pointers
+from .nvfp4_experts_decode import _check, _matrix, _row_offsets
+from .nvfp4_int_dot import gemv_int_reference, quantize_x16, tables, word_dot
+
+
+@triton.jit
+def _rows_dot(w, s, rows, mask_n, p0, p1, p2, p3, xs, tp0, tn0, H: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_G: tl.constexpr, DECODE: tl.constexpr):
+    """sum over the groups of (integer dot) * scale * x's block scale, fp32 [BLOCK_N], for the NVFP4 rows `rows`
+    of a matrix whose words start at w (H / 8 a row) and scale bytes at s (H / 16 a row)."""
+    grp = tl.arange(0, BLOCK_G)
+    mask_g = grp < H // 16
+    two = tl.arange(0, 2)
+    words = tl.load(w + rows[:, None, None] * (H // 8) + grp[None, :, None] * 2 + two[None, None, :],
+                    mask=mask_n[:, None, None] & mask_g[None, :, None], other=0)
+    isum = tl.sum(word_dot(words, p0, p1, p2, p3, tp0, tn0, DECODE), axis=2)
+    sc = tl.load(s + rows[:, None] * (H // 16) + grp[None, :], mask=mask_n[:, None] & mask_g[None, :], other=0)
+    return tl.sum(isum.to(tl.float32) * (sc.to(tl.float8e4nv, bitcast=True).to(tl.float32) * xs[None, :]), axis=1)
+
+
+@triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
+def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, I, row_words,
+                              gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, H: tl.constexpr,
+                              K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr,
+                              BLOCK_G: tl.constexpr, DECODE: tl.constexpr, USE_GDC: tl.constexpr = False):
+    """Program (j, t): expert j (0..k-1 routed, k the extra one), rows t * BLOCK_N ... of its gate and up."""
+    gdc_prologue(USE_GDC)  # PDL: x's pairs and the ids are the previous kernels' outputs
+    j = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = n < I
+    rows = n.to(tl.int64)
+    gate_w, up_w, gate_s, up_s, g_gate, g_up = gate_up_pointers(
+        ids_ptr, words_ptr, bytes_ptr, H, I, row_words, gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j,
+        K_ROUTED, HAS_EXTRA)
+    grp = tl.arange(0, BLOCK_G)
+    mask_g = grp < H // 16
+    two = tl.arange(0, 2)
+    # x's 4 pairs of word 2b + h: pairs[8b + 4h + i], i = 2a + c
+    xp = tl.load(pairs_ptr + grp[:, None, None] * 8 + two[None, :, None] * 4 + tl.arange(0, 4)[None, None, :],
+                 mask=mask_g[:, None, None], other=0)
+    even, odd = tl.split(tl.reshape(xp, [BLOCK_G, 2, 2, 2]))
+    p0, p2 = tl.split(even)
+    p1, p3 = tl.split(odd)
+    shape: tl.constexpr = [BLOCK_N, BLOCK_G, 2]
+    p0, p1 = tl.broadcast_to(p0[None, :, :], shape), tl.broadcast_to(p1[None, :, :], shape)
+    p2, p3 = tl.broadcast_to(p2[None, :, :], shape), tl.broadcast_to(p3[None, :, :], shape)
+    tp0 = tl.broadcast_to(tl.load(tables_ptr), shape)
+    tn0 = tl.broadcast_to(tl.load(tables_ptr + 2), shape)
+    xs = tl.load(xs_ptr + grp, mask=mask_g, other=0.0)
+    gate = _rows_dot(gate_w, gate_s, rows, mask_n, p0, p1, p2, p3, xs, tp0, tn0, H, BLOCK_N, BLOCK_G, DECODE)
+    up = _rows_dot(up_w, up_s, rows, mask_n, p0, p1, p2, p3, xs, tp0, tn0, H, BLOCK_N, BLOCK_G, DECODE)
+    gate = gate * (g_gate * 0.5)  # the codes count double
+    up = up * (g_up * 0.5)
+    tl.store(act_ptr + j * I + n, gate / (1.0 + tl.exp(-gate)) * up, mask=mask_n)
+
+
+def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
+                       extra: tuple | None = None, out: torch.Tensor | None = None, *, xq: tuple | None = None,
+                       block_n: int = 2, num_warps: int = 1, decode: str | None = None) -> torch.Tensor:
+    """expert_gate_up's act fp32 [k (+1), I] (its arguments, see there) through integer dots. xq: x already
+    quantized (quantize_x16's (pairs, scales)); None: quantized here, one more launch."""
+    words = _check(rows, hidden, inter)
+    if hidden % 16:
+        raise ValueError(f"hidden must be a multiple of 16, got {hidden}")
+    k = ids.shape[-1]
+    n = k + (extra is not None)
+    pairs, xs = xq if xq is not None else quantize_x16(x.reshape(-1))
+    if pairs.numel() != hidden // 2 or xs.numel() != hidden // 16:
+        raise ValueError(f"xq must be quantize_x16 of {hidden} values, got {pairs.numel()} pairs")
+    if out is None:
+        out = torch.empty(n, inter, device=rows.device, dtype=torch.float32)
+    gate = up = (words, rows, out)  # unused stand-ins of the right pointer types
+    if extra is not None:
+        gate, up = _matrix(*extra[:3]), _matrix(*extra[3:])
+    off = _row_offsets(hidden, inter)
+    expert_gate_up_int_kernel[(n, triton.cdiv(inter, block_n))](
+        pairs, xs, tables(rows.device), ids.reshape(-1).contiguous(), words, rows, out, inter, words.stride(0),
+        off["gu_scale_at"], off["glob_at"], *gate, *up, H=hidden, K_ROUTED=k, HAS_EXTRA=extra is not None,
+        BLOCK_N=block_n, BLOCK_G=triton.next_power_of_2(hidden // 16),
+        DECODE=decode or ("asm" if rows.is_cuda else "plain"), num_warps=num_warps, **pdl_launch(rows.device))
+    return out
+
+
+def expert_gate_up_int_reference(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
+                                 extra: tuple | None = None) -> torch.Tensor:
+    """expert_gate_up_int's arithmetic in torch: each expert's gate and up through gemv_int_reference."""
+    off = _row_offsets(hidden, inter)
+    xf = x.reshape(-1)
+    mats = []
+    for e in ids.reshape(-1).tolist():
+        row = rows[e]
+        packed = row[:2 * inter * hidden // 2].reshape(2 * inter, hidden // 2)
+        scales = row[off["gu_scale_at"]:off["gu_scale_at"] + 2 * inter * hidden // 16].reshape(2 * inter, -1)
+        glob = row[4 * off["glob_at"]:4 * off["glob_at"] + 8].view(torch.float32)
+        mats.append(((packed[:inter], scales[:inter], glob[0]), (packed[inter:], scales[inter:], glob[1])))
+    if extra is not None:
+        mats.append((tuple(extra[:3]), tuple(extra[3:])))
+    act = []
+    for (gp, gs, gg), (upk, us, ug) in mats:
+        g = gemv_int_reference(gp, gs.reshape(gp.shape[0], -1).view(torch.uint8), gg, xf)
+        u = gemv_int_reference(upk, us.reshape(upk.shape[0], -1).view(torch.uint8), ug, xf)
+        act.append(F.silu(g) * u)
+    return torch.stack(act)
