@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""The experts' gate/up alone: expert_gate_up (the default, 2 rows x 4 warps; and at 1 warp) against
+nvfp4_int_experts.expert_gate_up_int (x quantized once, outside the timing; quantize_x16 timed apart) over its
+launch configs, at the real geometry (hidden 2048, inter 512, 256 expert rows, 8 routed + the shared expert,
+bf16 x). A CUDA graph of --inner calls, each on its own routed ids and shared expert so that L2 does not keep the
+weights between calls, the median of --repeat replays, in interleaved rounds; prints us a call, GB/s, the ratio
+to the default per round and each arm's act against the fp32 reference. The CPU: a small shape (interpreter).
+
+    python scripts/bench_nvfp4_int_experts.py [--rounds 3] [--configs 2/1,4/1,1/1,2/2,4/2]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from bench_nvfp4_experts_decode import graph_timed, random_linear  # scripts/ is on the path as a script
+from qwenlocal.engine.kernels.nvfp4_experts_decode import expert_gate_up, expert_gate_up_reference
+from qwenlocal.engine.kernels.nvfp4_grouped import random_nvfp4_rows
+from qwenlocal.engine.kernels.nvfp4_int_dot import quantize_x16, tables
+from qwenlocal.engine.kernels.nvfp4_int_experts import expert_gate_up_int
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--inner", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--configs", default="2/1,4/1,1/1,2/2,4/2", help="block_n/num_warps of expert_gate_up_int")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    h, i, e, k = (2048, 512, 256, 8) if cuda else (64, 32, 8, 3)
+    inner = args.inner if cuda else 2
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = random_nvfp4_rows(e, h, i, dev, gen)
+    x = torch.randn(1, h, generator=gen, device=dev).to(torch.bfloat16)
+    xq = quantize_x16(x.reshape(-1))
+    tables(dev)  # made before any capture
+    cases = []
+    for _ in range(inner):
+        ids = torch.randperm(e, generator=gen, device=dev)[:k].reshape(1, k)
+        cases.append((ids, random_linear(i, h, dev, gen) + random_linear(i, h, dev, gen)))
+    nbytes = (k + 1) * (2 * i * h // 2 + 2 * i * h // 16)
+    arms = {"expert_gate_up 2/4": lambda c: expert_gate_up(x, c[0], rows, h, i, c[1]),
+            "expert_gate_up 2/1": lambda c: expert_gate_up(x, c[0], rows, h, i, c[1], block_n=2, num_warps=1)}
+    for cfg in args.configs.split(","):
+        bn, nw = (int(v) for v in cfg.split("/"))
+        arms[f"int {bn}/{nw}"] = lambda c, bn=bn, nw=nw: expert_gate_up_int(x, c[0], rows, h, i, c[1], xq=xq,
+                                                                              block_n=bn, num_warps=nw)
+    ref = expert_gate_up_reference(x, cases[0][0], rows, h, i, cases[0][1])
+    for name, fn in arms.items():
+        err = float((fn(cases[0]) - ref).abs().max() / ref.abs().max())
+        print(f"{name:<20} max |diff| / max |act| = {err:.2e}", flush=True)
+    arms["quantize_x16 alone"] = lambda c: quantize_x16(x.reshape(-1))
+    times = {name: [] for name in arms}
+    for _ in range(args.rounds):
+        for name, fn in arms.items():
+            times[name].append(1e6 * graph_timed([lambda c=c, fn=fn: fn(c) for c in cases], args.repeat, cuda))
+    base = times["expert_gate_up 2/4"]
+    print(f"\n{'arm':<20} {'us (median)':>11} {'GB/s':>7}  ratio to expert_gate_up per round ({nbytes / 1e6:.2f} MB)")
+    for name, us in times.items():
+        med = statistics.median(us)
+        ratios = " ".join(f"{a / b:.3f}" for a, b in zip(us, base))
+        print(f"{name:<20} {med:>11.2f} {nbytes / med / 1e3:>7.0f}  {ratios}")
+
+
+if __name__ == "__main__":
+    main()
