@@ -9,7 +9,7 @@ expert (random codes and block scales, engine/kernels/nvfp4_grouped.random_nvfp4
   new              sigmoid(shared gate) + nvfp4_moe_decode_fused (two launches) at the best configs found
   gate_up <cfg>    expert_gate_up alone (routed + shared gate/up) over a grid of launch configs (persistent
                    programs: block_n x num_warps x one / two waves; then block_n x num_warps x x_split, scales and
-                   K steps), defaults first, then one warp a program; the other decodes last
+                   K steps), defaults first; the other decodes last
   down <cfg>       expert_down alone (routed + shared down, extra_scale) likewise (block_m x num_warps x x_split, ...)
 Each row: microseconds per call (CUDA: a CUDA graph of --inner calls, each on its own instance: other expert
 ids and another shared expert, so that the 50 MB L2 does not hold the weights between calls; median over
@@ -208,10 +208,9 @@ def main() -> int:
     else:
         pa_grid = [dict(block_m=16), dict(block_m=32, x_split=False), dict(block_m=16, programs=4)]
     if cuda:
-        # the default first, then one warp a program (no cross-warp reduction; 32 programs an SM hold the launch
-        # in one wave; session 16), then persistent programs (one or two waves; x loaded once a program): the
-        # grid's budget may end early
-        gu_grid = [dict()] + [dict(block_n=bn, num_warps=1) for bn in (1, 2, 4)]
+        # the default first, then persistent programs (one or two waves; x loaded once a program): the grid's
+        # budget may end early
+        gu_grid = [dict()]
         gu_grid += [dict(block_n=bn, num_warps=nw, programs=waves * persistent_programs(dev, nw))
                     for bn, nw, waves in itertools.product((2, 4, 8), (4, 2), (1, 2))]
         gu_grid += [dict(block_n=bn, num_warps=nw, x_split=xs)

@@ -127,8 +127,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "mixed": (gemv_mixed, "MIXED"), "attn": (attention_decode, "TRITON"),
             "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
-            "regcap": (gemv_multi, "REG_CAP"),
-            "gu1warp": (nvfp4_experts_decode, "ONE_WARP")}
+            "regcap": (gemv_multi, "REG_CAP")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

@@ -19,8 +19,10 @@ Gate and up share one pass over x; the activations a word needs, v[8w .. 8w+7], 
 (x_split) two contiguous ones split in registers. sm_90 SASS (compiled here with Triton's ptxas, no GPU) is
 ~9 instructions per code for gate_up at block_n 2, ~4.4 of them the decode and FMAs; persistent programs
 (PERSISTENT, programs=) load x once per program instead of once per tile (~7.8 a code in the loop at block_n
-2, 6.5 at 4). Tried, and removed after its A/B (docs/RESULTS.md session 18): gate/up in K steps whose loads
-Triton's pipeliner streamed through shared memory, 4 rows and one warp a program (1.038x the step).
+2, 6.5 at 4). Tried, and removed after their A/B (docs/RESULTS.md session 18): gate/up in K steps whose loads
+Triton's pipeliner streamed through shared memory, 4 rows and one warp a program (1.038x the step); gate/up at
+one warp a program, one K step (0.995x and 0.998x: neutral); persistent gate/up programs that load a tile ahead
+(nvfp4_gate_up_stream, 1.003x: neutral).
 
 References: expert_gate_up_reference / expert_down_reference below (dequant_expert_rows and dequant_nvfp4, then
 the plain fp32 math in the same summation order).
@@ -153,11 +155,6 @@ DECODES = ("asm", "fp16", "exact")
 # "fused-pdl/experts", session 9) was 1.07x the step: fewer instructions, but one wave of programs over 8
 # experts' rows streams worse than a program a tile. The same bytes (tests/test_kernels_nvfp4_experts_decode.py).
 PERSISTENT = False
-# expert_gate_up at one warp a program (block_n 2): no cross-warp reduction, 6.3 SASS instructions a code against
-# 9.4 at four warps, and 160 registers (sm_90 under the H200's Triton 3.6.0, scripts/sass_experts_decode.py).
-# Off until its GPU A/B (profile_decode arm "gu1warp"); the sums in another order than four warps' (the bf16
-# level), the same in every path that runs it.
-ONE_WARP = False
 REGS_PER_THREAD = 128  # the budget one wave is sized for (the kernels' sm_90 code uses 54-64)
 
 
@@ -193,7 +190,7 @@ def _block_g(k_in: int, block_g: int | None) -> int:
 
 def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                    extra: tuple | None = None, out: torch.Tensor | None = None, *, block_n: int | None = None,
-                   block_g: int | None = None, num_warps: int | None = None, decode: str | None = None,
+                   block_g: int | None = None, num_warps: int = 4, decode: str | None = None,
                    x_split: bool = True, group_scales: bool = False, programs: int | None = None) -> torch.Tensor:
     """act fp32 [n, I] (n = k, + 1 with extra): act[j] = SiLU(gate_j x) * (up_j x) for the row rows[ids[0, j]]
     and, with extra = (gate_packed, gate_scale, gate_scale2, up_packed, up_scale, up_scale2) (QuantLinear NVFP4
@@ -201,15 +198,12 @@ def expert_gate_up(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidde
     ids [1, k] int on the device, rows uint8 [E or S, >= row bytes]. One launch, grid (n, I / block_n).
     block_g: 16-code groups per K step (None: the whole row at once). block_n (None: 2 on a GPU, the H200
     sweep's best: 9.35 us vs 10.47 at 8 for the real geometry, scripts/bench_nvfp4_experts_decode.py).
-    num_warps (None: 4, or 1 where ONE_WARP is on).
     programs: at most this many persistent programs taking the (expert, row block) tiles in turn, x loaded once
     each (the whole row in one K step only; None: the module switch PERSISTENT, one wave of them, else one
     program a tile)."""
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     n = k + (extra is not None)
-    if num_warps is None:
-        num_warps = 1 if ONE_WARP else 4
     if block_n is None:  # 2 on a GPU; in Triton's interpreter (tests) whole experts, its time going by programs
         block_n = 2 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     if out is None:
