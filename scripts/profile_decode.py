@@ -126,8 +126,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "partsnorm": (parts_norm, "FUSED"), "gdntail": (gdn_decode, "NORM_SHIFT_TAIL"),
             "mixed": (gemv_mixed, "MIXED"), "attn": (attention_decode, "TRITON"),
             "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
-            "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
-            "regcap": (gemv_multi, "REG_CAP")}
+            "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

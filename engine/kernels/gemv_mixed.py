@@ -99,5 +99,5 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
         FMT_B=gm._FMT_ID[fmt_b], PARTS_B=len(ns_b), BLOCK_N_B=cfg_b.block_n, BLOCK_K_B=cfg_b.block_k,
         CHUNK_B=gm.chunk_words(fmt_b, cfg_b, elem_b, fp8_cvt), FP8_CVT_B=fp8_cvt and fmt_b == gm.FP8,
         num_warps=cfg_a.num_warps, num_stages=cfg_a.num_stages, **gm.norm_launch(norm, x, k),
-        **pdl_launch(x.device), **gm.reg_cap(x.device))
+        **pdl_launch(x.device))
     return out

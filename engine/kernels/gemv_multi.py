@@ -180,18 +180,8 @@ L2_AHEAD = 2
 # round faster (docs/RESULTS.md, session 9 call 1). GPUs before sm_89 keep the bit path.
 FP8_CVT = True
 REGS_PER_THREAD = 128  # what the configs' sm_90 code uses at most (scripts/sass_gemv_multi.py): 2 x 8 warps an SM
-# The cap above as ptxas' register limit (maxnreg). Off. Its premise (the FP8 in_proj and q+k+v tiles at 182
-# registers, one 8-warp program an SM) was Triton 3.9's code; the H200 runs 3.6.0, where they are 80 registers
-# and the cap makes ptxas take 99 (three programs an SM become two: session 17). Its GPU A/B is profile_decode arm
-# "regcap". No byte moves.
-REG_CAP = False
-
-
-def reg_cap(device: torch.device) -> dict:
-    """A GEMV launch's register cap keyword (REG_CAP on a GPU; the interpreter has no registers)."""
-    return {"maxnreg": REGS_PER_THREAD} if REG_CAP and device.type == "cuda" else {}
-
-
+# (Tried: the cap above as ptxas' register limit, maxnreg; removed, not run, docs/RESULTS.md session 18: its
+# premise was Triton 3.9's 182-register tiles, the H200's 3.6.0 makes them 80 and the cap 99.)
 TARGET_PROGRAMS = 512  # ~4 per SM of an H200, so the last wave is a small part of the launch
 MAX_TILE_BYTES = 32 * 1024  # weight bytes per program and K block: <= 128 B (8 x 16 B loads) a thread at 8 warps
 BYTES_PER_THREAD = 128
@@ -350,7 +340,7 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
         FP8_CVT=fp8_cvt and fmt == FP8,
         L2_AHEAD=cfg.l2_ahead if persistent else 0,
         OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **norm_args, **pdl_launch(x.device), **reg_cap(x.device))
+        **norm_args, **pdl_launch(x.device))
     return out
 
 

@@ -20,11 +20,11 @@ its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a s
 off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (parts_norm.TILE_SUMS, on:
 0.983x the step on the H200) leaves the next layer's input add + RMSNorm to the MoE down launch's per-tile tails
 (the new residual and its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is
-loaded): no launch of its own. One more is off until its A/B: the GEMVs' register cap (gemv_multi.REG_CAP).
-Tried, and removed after their A/B (docs/RESULTS.md session 18): the weights streamed through shared memory in
-pipelined K steps, of the FP8 GEMVs (1.042x the step) and of gate/up (1.038x); the LM head on the tensor cores
-(1.088x); route_topk in the router norm launch's last program (1.017x); gate/up as persistent programs that
-load a tile ahead (1.003x) and at one warp a program (0.995x and 0.998x).
+loaded): no launch of its own. Tried, and removed after their A/B (docs/RESULTS.md session 18): the weights
+streamed through shared memory in pipelined K steps, of the FP8 GEMVs (1.042x the step) and of gate/up
+(1.038x); the LM head on the tensor cores (1.088x); route_topk in the router norm launch's last program
+(1.017x); gate/up as persistent programs that load a tile ahead (1.003x) and at one warp a program (0.995x and
+0.998x); and, not run (its premise gone under the H200's Triton), the GEMVs' register cap.
 The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
 deterministic with a launch configuration fixed by the shapes, so graph replay equals eager byte for byte.
