@@ -11,8 +11,8 @@ PRMT, 4 IDP, 4 LOP3, 3 SHF), and the whole GEMV 3.0-3.25 a code at 16-32 rows an
 gemv_multi's 5.8 for the same NVFP4 LM head.
 
 Numbers: x is quantized per 16-element block (the weights' scale group) to int16 with scale amax / 32767,
-q = floor(x / scale + 0.5) (correctly rounded division), so |x - q * scale| <= scale / 2: 2^-16 of the
-block's largest |x|, far under the bf16 rounding of the output. A block's integer sum is exact (|sum| <= 16 *
+q = floor(x * (32767 / amax) + 0.5) (the division correctly rounded, once a block), so |x - q * scale| is half
+a step and an ulp at most: ~2^-16 of the block's largest |x|, far under the bf16 rounding of the output. A block's integer sum is exact (|sum| <= 16 *
 12 * 32767 < 2^24, so also exact as fp32); the blocks add up in fp32 in a fixed order per launch config.
 DECODE "asm" (CUDA) and "plain" (Triton integer arithmetic, the interpreter's path) give the same integers, so
 the same bytes. References: quantize_x16_reference, gemv_int_reference (the same arithmetic in torch) and
@@ -69,22 +69,29 @@ def word_dot(words, p0, p1, p2, p3, tp0, tn0, DECODE: tl.constexpr):
 
 
 @triton.jit
+def quantize_blocks(x, pairs_ptr, scales_ptr, g, mask_g, BLOCK_G: tl.constexpr):
+    """x fp32 [BLOCK_G, 16] (blocks g; masked blocks hold zeros): scale = amax / 32767, q = floor(x * (32767 /
+    amax) + 0.5) (one correctly rounded division a block, not one an element), stored as int16 pairs (element
+    2p in the low half of pair p) and fp32 scales."""
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.math.div_rn(amax, 32767.0)
+    inv = tl.math.div_rn(32767.0, tl.where(amax > 0, amax, 1.0))
+    q = tl.floor(x * inv[:, None] + 0.5).to(tl.int32)
+    lo, hi = tl.split(tl.reshape(q, [BLOCK_G, 8, 2]))
+    pairs = (lo & 0xFFFF) | (hi << 16)
+    tl.store(pairs_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], pairs, mask=mask_g[:, None])
+    tl.store(scales_ptr + g, scale, mask=mask_g)
+
+
+@triton.jit
 def quantize_x16_kernel(x_ptr, pairs_ptr, scales_ptr, K, BLOCK_G: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Blocks pid * BLOCK_G ... of 16 elements: scale = amax / 32767, q = floor(x / scale + 0.5) as int16
-    pairs (element 2p in the low half of pair p)."""
+    """Blocks pid * BLOCK_G ... of 16 elements through quantize_blocks."""
     gdc_prologue(USE_GDC)  # PDL: x is the previous kernel's output
     g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
     mask_g = g < K // 16
     cols = g[:, None] * 16 + tl.arange(0, 16)[None, :]
     x = tl.load(x_ptr + cols, mask=mask_g[:, None], other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.math.div_rn(amax, 32767.0)
-    safe = tl.where(amax > 0, scale, 1.0)
-    q = tl.floor(tl.math.div_rn(x, safe[:, None]) + 0.5).to(tl.int32)
-    lo, hi = tl.split(tl.reshape(q, [BLOCK_G, 8, 2]))
-    pairs = (lo & 0xFFFF) | (hi << 16)
-    tl.store(pairs_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], pairs, mask=mask_g[:, None])
-    tl.store(scales_ptr + g, scale, mask=mask_g)
+    quantize_blocks(x, pairs_ptr, scales_ptr, g, mask_g, BLOCK_G)
 
 
 @triton.jit
@@ -123,13 +130,20 @@ def gemv_int_kernel(w_ptr, s_ptr, g_ptr, pairs_ptr, xs_ptr, tables_ptr, out_ptr,
     _store_exact(out_ptr + n, acc, mask_n, OUT_BF16)  # bf16 to nearest in the interpreter too
 
 
+def x16_buffers(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a quantized x of k values goes: (int16 pairs as int32 [k / 2], fp32 block scales [k / 16])."""
+    if k % 16:
+        raise ValueError(f"x must have a multiple of 16 elements, got {k}")
+    return (torch.empty(k // 2, device=device, dtype=torch.int32),
+            torch.empty(k // 16, device=device, dtype=torch.float32))
+
+
 def quantize_x16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [K] (K a multiple of 16) -> (int16 pairs as int32 [K / 2], fp32 block scales [K / 16])."""
     k = x.numel()
     if x.dim() != 1 or k % 16:
         raise ValueError(f"x must be 1-D with a multiple of 16 elements, got shape {tuple(x.shape)}")
-    pairs = torch.empty(k // 2, device=x.device, dtype=torch.int32)
-    scales = torch.empty(k // 16, device=x.device, dtype=torch.float32)
+    pairs, scales = x16_buffers(k, x.device)
     block_g = 16
     quantize_x16_kernel[(triton.cdiv(k // 16, block_g),)](x.contiguous(), pairs, scales, k, BLOCK_G=block_g,
                                                           **pdl_launch(x.device))
@@ -180,8 +194,9 @@ def quantize_x16_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     xb = x.float().reshape(-1, 16)
     amax = xb.abs().amax(dim=1)
     scale = amax / 32767.0
-    safe = torch.where(amax > 0, scale, torch.ones_like(scale))
-    q = torch.floor(xb / safe[:, None] + 0.5).to(torch.int64)
+    # tensor / tensor: correctly rounded (torch turns scalar / tensor into a reciprocal times the scalar)
+    inv = torch.full_like(amax, 32767.0) / torch.where(amax > 0, amax, torch.ones_like(amax))
+    q = torch.floor(xb * inv[:, None] + 0.5).to(torch.int64)
     return q.reshape(-1), scale
 
 

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .decode_norm import _add_rms_norm_row, round_code
 from .launch import gdc_prologue, pdl_launch
+from .nvfp4_int_dot import quantize_blocks, x16_buffers
 from .nvfp4_triton import _store_exact, exact_out
 
 FUSED = True  # measured: docs/RESULTS.md session 11 call 2 (the profile_decode arm "routernorm")
@@ -35,9 +36,10 @@ FUSED = True  # measured: docs/RESULTS.md session 11 call 2 (the profile_decode 
 @triton.jit
 def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, router_ptr, gate_ptr, logits_ptr, E,
                        eps, K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
-                       USE_GDC: tl.constexpr = False):
+                       USE_GDC: tl.constexpr = False, pairs_ptr=None, scales_ptr=None, QUANT: tl.constexpr = False):
     """Program pid: rows pid * BLOCK_N ... of [router (E rows) | shared gate (row E)] times the normed row;
-    program 0 also stores the new residual and the normed row (int16 views for bf16)."""
+    program 0 also stores the new residual and the normed row (int16 views for bf16) and, QUANT, the normed row
+    as nvfp4_int_dot's int16 blocks (the experts' gate/up input for nvfp4_int_experts)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows <= E
@@ -52,15 +54,20 @@ def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, rout
                                True, ROUND, BLOCK_H, 0, FIRST_STORES=True)
     logits = tl.sum(tile.to(tl.float32) * normed[None, :], axis=1)
     _store_exact(logits_ptr + rows, logits, mask_n, ROUND == 1)
+    if QUANT:
+        if pid == 0:
+            g = tl.arange(0, BLOCK_H // 16)
+            quantize_blocks(tl.reshape(normed, [BLOCK_H // 16, 16]), pairs_ptr, scales_ptr, g, g < K // 16,
+                            BLOCK_H // 16)
 
 
 def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps: float, router_w: torch.Tensor,
-                shared_gate: torch.Tensor, *, num_warps: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                shared_gate: torch.Tensor, *, num_warps: int | None = None, quantize: bool = False) -> tuple:
     """x, delta [1, K] (the residual, the mixer's projected output), norm_w [K]; router_w [E, K] and shared_gate
     [1, K] plain tensors of x's dtype -> (new_x [1, K], normed [1, K], logits [1, E + 1]): add_rms_norm(x, delta,
     norm_w, eps)'s bytes (an ulp of rstd on a GPU), then gemv_multi(normed, [router_w, shared_gate]) within the
-    rounding of another summation order (see above). One launch, no host sync."""
+    rounding of another summation order (see above). One launch, no host sync. quantize (K a multiple of 16):
+    also normed as nvfp4_int_dot.quantize_x16's (pairs, scales), a fourth result."""
     k = x.shape[-1]
     for name, t in (("x", x), ("delta", delta)):
         if t.shape != (1, k) or t.stride(-1) != 1:
@@ -79,9 +86,10 @@ def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps:
     new_x = torch.empty(1, k, device=x.device, dtype=x.dtype)
     normed = torch.empty(1, k, device=x.device, dtype=x.dtype)
     logits = torch.empty(1, e + 1, device=x.device, dtype=x.dtype)
+    xq = x16_buffers(k, x.device) if quantize else (None, None)
     router_norm_kernel[(triton.cdiv(e + 1, block_n),)](
         x, delta.contiguous(), norm_w, exact_out(new_x), exact_out(normed), router_w.contiguous(),
         shared_gate.contiguous(), exact_out(logits), e, eps,
         K=k, BLOCK_H=triton.next_power_of_2(k), BLOCK_N=block_n, ROUND=round_code(x.dtype),
-        num_warps=num_warps or 2, **pdl_launch(x.device))
-    return new_x, normed, logits
+        num_warps=num_warps or 2, **pdl_launch(x.device), pairs_ptr=xq[0], scales_ptr=xq[1], QUANT=quantize)
+    return (new_x, normed, logits, xq) if quantize else (new_x, normed, logits)
