@@ -6,7 +6,8 @@
 # `qwenlocal bench $BENCH_ARGS` instead), BENCH_TIMEOUT, BENCH_TAIL, COPY=1 (expert-copy GB/s), PROFILE=1, PROFILE_PREFILL=1, OVERLAP_BENCH=1 (OVERLAP_TIMEOUT, OVERLAP_ARGS),
 # EXTRA_CMD (EXTRA_TIMEOUT), DEADLINE (s: the bench gets the rest), BENCH_NEEDS_TESTS=1, PROFILE_PREFILL_ARGS, PROBE=1,
 # PROFILE_DECODE_ARGS (run scripts/profile_decode.py with them first; PROFILE_DECODE_TIMEOUT),
-# NCU=1 (Nsight Compute over one eager decode step, scripts/ncu_decode.py with NCU_ARGS; NCU_TIMEOUT).
+# NCU=1 (Nsight Compute over one eager decode step, scripts/ncu_decode.py with NCU_ARGS; NCU_TIMEOUT, NCU_FILTER,
+# NCU_SECTIONS).
 # Order: profile_decode, ncu, tests, copy, overlap, extra, bench, profiles.
 # Kernel caches: a carried .cache-carry/kcache.tgz.* (from an earlier call's $OUT) is unpacked before anything
 # compiles, and the caches are packed again into $OUT/kcache.tgz.* (15 MiB pieces) at the end (KCACHE_SAVE=0: not).
@@ -33,9 +34,11 @@ if [ "${NCU:-0}" = 1 ]; then
   # Why each kernel takes its time: one eager step's kernels replayed with the caches flushed, clocks left free
   # (METHOD.md); the raw CSV comes back in results.tgz, its summary (scripts/ncu_summary.py) is printed here.
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  # NCU_FILTER: ncu's kernel filter and count (e.g. '-k regex:"expert_gate_up|gemv_mixed" -c 8'; the whole step
+  # takes ~1.3 s a kernel, 342 kernels); NCU_SECTIONS: more sections (e.g. "--section SourceCounters").
   timeout ${NCU_TIMEOUT:-400} "$NCU_BIN" --profile-from-start off --clock-control none --cache-control all \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct -f -o "$OUT/ncu_decode" \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats ${NCU_SECTIONS:-} \
+    --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct ${NCU_FILTER:-} -f -o "$OUT/ncu_decode" \
     python3 scripts/ncu_decode.py ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
   echo "ncu rc=$?"; tail -5 "$OUT/ncu.log"
   "$NCU_BIN" --import "$OUT/ncu_decode.ncu-rep" --page raw --csv > "$OUT/ncu_raw.csv" 2>>"$OUT/ncu.log" \
@@ -45,7 +48,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 t0=$(date +%s)
-[ "${TESTS:-}" = none ] || timeout ${TEST_TIMEOUT:-900} python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-tests/test_gpu_decode_fused.py tests/test_kernels_gemv_multi.py tests/test_kernels_decode_fused.py tests/test_kernels_gdn_decode.py tests/test_kernels_nvfp4_experts_decode.py tests/test_gpu_flashinfer_plan.py tests/test_gpu_no_sync.py tests/test_kernels_dequant.py tests/test_fp8_scaled_mm.py tests/test_slot_ensure.py tests/test_gpu_offload.py tests/test_gpu_overlap.py tests/test_gpu_runtime.py tests/test_kernels_moe.py tests/test_kernels_nvfp4.py tests/test_kernels_nvfp4_grouped.py tests/test_nvfp4_experts.py::test_quant_linear_gemv_and_blocked_prefill_match_the_dequantized_matmul tests/test_prefill_kernels.py tests/test_kernels_pair_sum.py tests/test_kernels_nvfp4_experts_parts.py tests/test_gemv_prefetch.py tests/test_kernels_router_gemv.py tests/test_kernels_gemv_norm.py tests/test_kernels_parts_norm.py tests/test_kernels_gdn_tail.py tests/test_kernels_gemv_mixed.py tests/test_kernels_attention_decode.py tests/test_gpu_gdn_graph.py tests/test_gpu_generate.py tests/test_kernels_router_norm.py tests/test_gpu_attention_pairs.py tests/test_gpu_fa2_path.py} 2>&1 | tee "$OUT/gpu_tests.log"
+[ "${TESTS:-}" = none ] || timeout ${TEST_TIMEOUT:-900} python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-tests/test_gpu_decode_fused.py tests/test_kernels_gemv_multi.py tests/test_kernels_decode_fused.py tests/test_kernels_gdn_decode.py tests/test_kernels_nvfp4_experts_decode.py tests/test_gpu_flashinfer_plan.py tests/test_gpu_no_sync.py tests/test_kernels_dequant.py tests/test_fp8_scaled_mm.py tests/test_slot_ensure.py tests/test_gpu_offload.py tests/test_gpu_overlap.py tests/test_gpu_runtime.py tests/test_kernels_moe.py tests/test_kernels_nvfp4.py tests/test_kernels_nvfp4_grouped.py tests/test_nvfp4_experts.py::test_quant_linear_gemv_and_blocked_prefill_match_the_dequantized_matmul tests/test_prefill_kernels.py tests/test_kernels_pair_sum.py tests/test_kernels_nvfp4_experts_parts.py tests/test_gemv_prefetch.py tests/test_kernels_router_gemv.py tests/test_kernels_gemv_norm.py tests/test_kernels_parts_norm.py tests/test_kernels_gdn_tail.py tests/test_kernels_gemv_mixed.py tests/test_kernels_attention_decode.py tests/test_gpu_gdn_graph.py tests/test_gpu_generate.py tests/test_kernels_router_norm.py tests/test_gpu_attention_pairs.py tests/test_gpu_fa2_path.py tests/test_kernels_nvfp4_int_dot.py tests/test_kernels_nvfp4_int_experts.py} 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 t1=$(date +%s)
 bench_rc=skipped

@@ -98,11 +98,12 @@ TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"
          "gdntail": ("gdn_decode", "NORM_SHIFT_TAIL"), "router": ("router_gemv", "FUSED"),
          "mixed": ("gemv_mixed", "MIXED"), "attn": ("attention_decode", "TRITON"),
          "routernorm": ("router_norm", "FUSED"), "mma": ("nvfp4_experts_mma", "FUSED"),
-         "tilesums": ("parts_norm", "TILE_SUMS")}
+         "tilesums": ("parts_norm", "TILE_SUMS"), "lmint": ("nvfp4_int_dot", "LM_HEAD"),
+         "guint": ("nvfp4_int_experts", "ON")}
 
 
 @pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "mma", "tilesums",
-                                   "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
+                                   "lmint", "guint", "lmint+guint", "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
     next add + RMSNorm in the MoE down projection's launch), gdn_decode.NORM_SHIFT_TAIL (GDN's gated norm and
@@ -113,7 +114,8 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     programmatic launch); all the one-launch tails together too. nvfp4_experts_mma.FUSED (the experts' gate/up
     on the tensor cores, its activations in fp16, its K split with a per-tile last-arrival sum): the same gate.
     parts_norm.TILE_SUMS (the next layer's input norm from the down launch's tile sums, applied by its first
-    GEMV): the same gate."""
+    GEMV): the same gate. nvfp4_int_dot.LM_HEAD and nvfp4_int_experts.ON (the LM head and the experts' gate/up
+    as integer dots, x in int16 blocks): the same gate."""
     import importlib
 
     ref = "synthetic:small-nvfp4"

@@ -12,8 +12,7 @@ expert_gate_up's bytes: x's int16 blocks put act within ~2e-4 of the fp32 refere
 under bf16's 2^-9. Reference: expert_gate_up_int_reference (the same integers and order of scaling in torch);
 nvfp4_experts_decode.expert_gate_up_reference for the value it approximates.
 
-Status: built and tested in the interpreter; its GPU A/B against expert_gate_up (and x's quantization moved
-into the router's launch, which already stores the normed row) is the next session's.
+Status: behind the switch ON (decode_fused), tested in the interpreter; its GPU A/B is the next session's.
 """
 from __future__ import annotations
 
@@ -26,6 +25,11 @@ from .launch import gdc_prologue, pdl_launch
 from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
 from .nvfp4_int_dot import gemv_int_reference, quantize_x16, tables, word_dot
+
+# The fused step's NVFP4 experts' gate/up through expert_gate_up_int, x quantized by the router's launch
+# (router_norm(quantize=True)) or, where no router_norm runs, by quantize_x16: off until its GPU A/B (profile_decode
+# arm "guint"). act at the level of x's int16 blocks, not expert_gate_up's bytes.
+ON = False
 
 
 @triton.jit
@@ -81,9 +85,13 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
 
 def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                        extra: tuple | None = None, out: torch.Tensor | None = None, *, xq: tuple | None = None,
-                       block_n: int = 2, num_warps: int = 1, decode: str | None = None) -> torch.Tensor:
+                       block_n: int | None = None, num_warps: int = 1, decode: str | None = None) -> torch.Tensor:
     """expert_gate_up's act fp32 [k (+1), I] (its arguments, see there) through integer dots. xq: x already
-    quantized (quantize_x16's (pairs, scales)); None: quantized here, one more launch."""
+    quantized (quantize_x16's (pairs, scales)); None: quantized here, one more launch. block_n (None: 2 rows
+    on a GPU, at one warp: expert_gate_up's rows without its cross-warp sums; in the interpreter, whose time goes
+    by programs, whole experts)."""
+    if block_n is None:
+        block_n = 2 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     words = _check(rows, hidden, inter)
     if hidden % 16:
         raise ValueError(f"hidden must be a multiple of 16, got {hidden}")

@@ -40,7 +40,7 @@ import triton
 from ..kernels import attention_decode as attention_decode_mod
 from ..kernels import nvfp4_experts_mma
 from ..kernels import gdn_decode as gdn_decode_mod
-from ..kernels import gemv_mixed, gemv_norm, nvfp4_int_dot, parts_norm, router_gemv, router_norm
+from ..kernels import gemv_mixed, gemv_norm, nvfp4_int_dot, nvfp4_int_experts, parts_norm, router_gemv, router_norm
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
@@ -230,13 +230,22 @@ def router_takes_the_norm(moe: "SparseMoE", x: torch.Tensor) -> bool:
 
 
 def _route_with_norm(moe: "SparseMoE", pending: tuple):
-    """(weights, ids, shared_scale, new_x, normed): pending = (x, mixer delta, post_norm, eps) normed by the
-    router's programs, then route_topk's tail on their logits."""
-    new_x, h, router_logits = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate)
+    """(weights, ids, shared_scale, new_x, normed, xq): pending = (x, mixer delta, post_norm, eps) normed by the
+    router's programs, then route_topk's tail on their logits; xq: the normed row's int16 blocks where the
+    experts' gate/up takes them (_int_gate_up), else None."""
+    quantize = _int_gate_up(moe)
+    out = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate, quantize=quantize)
+    new_x, h, router_logits = out[:3]
+    xq = out[3] if quantize else None
     if "route" in DROP:
-        return (*_dropped_route(moe, h), new_x, h)
+        return (*_dropped_route(moe, h), new_x, h, xq)
     weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
-    return weights, ids, shared_scale, new_x, h
+    return weights, ids, shared_scale, new_x, h, xq
+
+
+def _int_gate_up(moe: "SparseMoE") -> bool:
+    """The NVFP4 experts' gate/up as integer dots (nvfp4_int_experts.ON) for this layer."""
+    return nvfp4_int_experts.ON and moe.experts.fmt == "nvfp4" and moe.hidden % 16 == 0
 
 
 def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor | None = None,
@@ -249,18 +258,22 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor
     result is (new_x, the above), next_norm's x replaced by new_x. defer_norm (next_norm is a next layer's
     input norm, parts_norm.TILE_SUMS on, an NVFP4 parts launch): (new_x, DeferredNorm) instead of (new_x, normed)."""
     if pending is not None:
-        weights, ids, shared_scale, new_x, h = _route_with_norm(moe, pending)
+        weights, ids, shared_scale, new_x, h, xq = _route_with_norm(moe, pending)
         if next_norm is not None:
             next_norm = (new_x, *next_norm[1:])
-        return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm)
+        return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm, xq)
     weights, ids, shared_scale = _route(moe, h)
     return _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm)
 
 
-def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra, site: str):
-    """expert_gate_up's act, on the tensor cores where nvfp4_experts_mma.FUSED and the layer allows it (K in
-    whole split steps; its input norm's outputs fit fp16: moe.mma_ok, set by forward on an eager step).
-    site: the call site's arrival counters on moe (one set a launch site: serial, shared apart, routed)."""
+def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra, site: str,
+             xq: tuple | None = None):
+    """expert_gate_up's act: as integer dots where xq (h's int16 blocks, _int_gate_up) is given; on the tensor
+    cores where nvfp4_experts_mma.FUSED and the layer allows it (K in whole split steps; its input norm's
+    outputs fit fp16: moe.mma_ok, set by forward on an eager step). site: the call site's arrival counters on
+    moe (one set a launch site: serial, shared apart, routed)."""
+    if xq is not None:
+        return nvfp4_int_experts.expert_gate_up_int(h, ids, rows, moe.hidden, moe.inter, extra, xq=xq)
     cfg = nvfp4_experts_mma.CONFIG
     if (nvfp4_experts_mma.FUSED and getattr(moe, "mma_ok", False)
             and nvfp4_experts_mma.step_codes(moe.hidden, cfg["split"]) is not None):
@@ -272,21 +285,24 @@ def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.T
 
 
 def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_scale, trace_ids, next_norm,
-                     defer_norm: bool = False):
-    """moe_decode after the router: the experts (and the shared one) of this token."""
+                     defer_norm: bool = False, xq: tuple | None = None):
+    """moe_decode after the router: the experts (and the shared one) of this token. xq: h's int16 blocks where
+    the router's launch made them (the integer gate/up; made here otherwise)."""
     sums = _sums_tail(moe, next_norm, moe.hidden) if defer_norm else None
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
     slots, expert_weights, copy = moe.experts.for_decode(ids)
     cfg_h, cfg_i = moe.hidden, moe.inter
     if moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe):
+        if xq is None and _int_gate_up(moe):  # no router_norm launch made them: one launch here
+            xq = nvfp4_int_dot.quantize_x16(h.reshape(-1))
         gate, up, down_extra = nvfp4_triples(*moe.shared)
         gate_up_extra = gate + up
         rows = expert_weights[0]
         # The down projection leaves one fp32 part per expert ([k + 1, 1, H]); the next add_rms_norm sums them.
         if moe.overlap.split == "off":
             copy()
-            act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters")
+            act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters", xq)
             if sums is not None:  # the next norm left to the next layer's first GEMV
                 return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                                    extra_scale=shared_scale, sums=sums), next_norm)
@@ -299,12 +315,12 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         none = slots[:, :0]
 
         def shared_alone():
-            act_shared = _gate_up(moe, h, none, rows, gate_up_extra, "mma_counters_shared")
+            act_shared = _gate_up(moe, h, none, rows, gate_up_extra, "mma_counters_shared", xq)
             expert_down_parts(act_shared, weights, none, rows, cfg_h, cfg_i, extra=down_extra,
                               extra_scale=shared_scale, out=parts[k:])
 
         moe.overlap.run(copy, shared_alone, h)
-        act = _gate_up(moe, h, slots, rows, None, "mma_counters_routed")
+        act = _gate_up(moe, h, slots, rows, None, "mma_counters_routed", xq)
         if sums is not None:
             return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, out=parts, write_shared=False,
                                                sums=sums), next_norm)

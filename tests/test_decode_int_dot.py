@@ -1,0 +1,50 @@
+"""The fused step's NVFP4 GEMVs as integer dot products (x in int16 blocks), on the CPU in Triton's interpreter:
+nvfp4_int_dot.LM_HEAD (the LM head) and nvfp4_int_experts.ON (the experts' gate/up, x quantized by the router's
+launch), each counted where it runs, the logits at x's quantization level of the default step's, the same
+argmax, the prompt's logits untouched; the shared expert apart gives the serial launch's bytes."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from qwenlocal.engine.kernels import nvfp4_int_dot, nvfp4_int_experts, router_norm  # noqa: E402
+from qwenlocal.engine.quant.linear import QuantLinear  # noqa: E402
+from qwenlocal.engine.quant.scheme import NVFP4  # noqa: E402
+from test_decode_fused import _engine, quantized_ckpt  # noqa: E402,F401 (the fixture, by name)
+
+
+def test_the_lm_head_as_integer_dots_keeps_the_logits(quantized_ckpt, monkeypatch):  # noqa: F811
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(14))
+    off = _engine(quantized_ckpt, True).score(ids, prefill=24)
+    monkeypatch.setattr(nvfp4_int_dot, "LM_HEAD", True)
+    calls = []
+    real = nvfp4_int_dot.gemv_int
+    monkeypatch.setattr(nvfp4_int_dot, "gemv_int", lambda *a, **k: calls.append(1) or real(*a, **k))
+    eng = _engine(quantized_ckpt, True)
+    head = eng.model.lm_head_w
+    assert isinstance(head, QuantLinear) and head.fmt == NVFP4  # else the switch has nothing to take
+    on = eng.score(ids, prefill=24)
+    assert len(calls) == 2 and torch.equal(on[:24], off[:24])
+    assert ((on[24:] - off[24:]).abs().max() / off[24:].abs().max()) < 1e-4
+    assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
+
+
+def test_the_experts_gate_up_as_integer_dots_keeps_the_logits(quantized_ckpt, monkeypatch):  # noqa: F811
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(16))
+    off = _engine(quantized_ckpt, True).score(ids, prefill=24)
+    monkeypatch.setattr(nvfp4_int_experts, "ON", True)
+    calls, quantized = [], []
+    real, real_router = nvfp4_int_experts.expert_gate_up_int, router_norm.router_norm
+    monkeypatch.setattr(nvfp4_int_experts, "expert_gate_up_int", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(router_norm, "router_norm",
+                        lambda *a, **k: quantized.append(k.get("quantize", False)) or real_router(*a, **k))
+    eng = _engine(quantized_ckpt, True)
+    on = eng.score(ids, prefill=24)
+    layers = len(eng.model.layers)
+    assert len(calls) == 2 * layers  # every layer of both decode steps
+    assert len(quantized) == 2 * layers and all(quantized)  # x quantized in the router's launch, no launch of its own
+    assert torch.equal(on[:24], off[:24])
+    assert ((on[24:] - off[24:]).abs().max() / off[24:].abs().max()) < 1e-3
+    assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
+    apart = _engine(quantized_ckpt, True, "copy-side").score(ids, prefill=24)
+    assert torch.equal(apart, on)
