@@ -54,16 +54,22 @@ def main() -> None:
         if name.startswith("int"):
             err = float((fn().float() - ref).abs().max() / ref.abs().max())
             print(f"{name:<18} max |diff| / max |logit| = {err:.2e}", flush=True)
+    rounds_table({name: [fn] * args.inner for name, fn in arms.items()}, args.rounds, args.repeat, cuda, nbytes)
+
+
+def rounds_table(arms: dict, rounds: int, repeat: int, cuda: bool, nbytes: int) -> None:
+    """Each arm's calls (a list: one CUDA graph of them) timed in `rounds` interleaved rounds; prints us a call
+    (median), GB/s of nbytes and the per-round ratio to the first arm."""
     times = {name: [] for name in arms}
-    for _ in range(args.rounds):
-        for name, fn in arms.items():
-            times[name].append(1e6 * graph_timed([fn] * args.inner, args.repeat, cuda))
-    base = times["gemv_multi"]
-    print(f"\n{'arm':<18} {'us (median)':>11} {'GB/s':>7}  ratio to gemv_multi per round ({nbytes / 1e6:.1f} MB)")
+    for _ in range(rounds):
+        for name, calls in arms.items():
+            times[name].append(1e6 * graph_timed(calls, repeat, cuda))
+    first = next(iter(arms))
+    print(f"\n{'arm':<20} {'us (median)':>11} {'GB/s':>7}  ratio to {first} per round ({nbytes / 1e6:.2f} MB)")
     for name, us in times.items():
         med = statistics.median(us)
-        ratios = " ".join(f"{a / b:.3f}" for a, b in zip(us, base))
-        print(f"{name:<18} {med:>11.1f} {nbytes / med / 1e3:>7.0f}  {ratios}")
+        ratios = " ".join(f"{a / b:.3f}" for a, b in zip(us, times[first]))
+        print(f"{name:<20} {med:>11.2f} {nbytes / med / 1e3:>7.0f}  {ratios}")
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ to the default per round and each arm's act against the fp32 reference. The CPU:
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from bench_nvfp4_experts_decode import graph_timed, random_linear  # scripts/ is on the path as a script
+from bench_nvfp4_experts_decode import random_linear  # scripts/ is on the path when this runs as a script
+from bench_nvfp4_int_dot import rounds_table
 from qwenlocal.engine.kernels.nvfp4_experts_decode import expert_gate_up, expert_gate_up_reference
 from qwenlocal.engine.kernels.nvfp4_grouped import random_nvfp4_rows
 from qwenlocal.engine.kernels.nvfp4_int_dot import quantize_x16, tables
@@ -54,16 +54,8 @@ def main() -> None:
         err = float((fn(cases[0]) - ref).abs().max() / ref.abs().max())
         print(f"{name:<20} max |diff| / max |act| = {err:.2e}", flush=True)
     arms["quantize_x16 alone"] = lambda c: quantize_x16(x.reshape(-1))
-    times = {name: [] for name in arms}
-    for _ in range(args.rounds):
-        for name, fn in arms.items():
-            times[name].append(1e6 * graph_timed([lambda c=c, fn=fn: fn(c) for c in cases], args.repeat, cuda))
-    base = times["expert_gate_up 2/4"]
-    print(f"\n{'arm':<20} {'us (median)':>11} {'GB/s':>7}  ratio to expert_gate_up per round ({nbytes / 1e6:.2f} MB)")
-    for name, us in times.items():
-        med = statistics.median(us)
-        ratios = " ".join(f"{a / b:.3f}" for a, b in zip(us, base))
-        print(f"{name:<20} {med:>11.2f} {nbytes / med / 1e3:>7.0f}  {ratios}")
+    rounds_table({name: [lambda c=c, fn=fn: fn(c) for c in cases] for name, fn in arms.items()}, args.rounds,
+                 args.repeat, cuda, nbytes)
 
 
 if __name__ == "__main__":
