@@ -179,9 +179,12 @@ _TABLES: dict = {}
 
 
 def tables(device: torch.device) -> torch.Tensor:
-    """TABLES on the device, made once per device (before any CUDA-graph capture: the first eager call)."""
+    """TABLES on the device, made once per device by the first call, which must not be inside a CUDA-graph
+    capture (a host-to-device copy): the decode step's eager warm-up makes them."""
     key = str(device)
     if key not in _TABLES:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("nvfp4_int_dot's tables must be made before CUDA-graph capture (run one step eagerly)")
         _TABLES[key] = torch.tensor(TABLES, dtype=torch.int32, device=device)
     return _TABLES[key]
 
