@@ -84,6 +84,22 @@ def quantize_blocks(x, pairs_ptr, scales_ptr, g, mask_g, BLOCK_G: tl.constexpr):
 
 
 @triton.jit
+def quantize_row_block(row, b, q16_ptr, scales_ptr, BLOCK_H: tl.constexpr):
+    """Block b of a row held in registers (fp32 [BLOCK_H], zeros past its end) through quantize_blocks'
+    arithmetic, so that the programs of a launch that all hold the row can each store their own blocks instead of
+    one program storing all of them (a serial tail). q16_ptr: the pairs as int16 (element i at i: little-endian
+    pairs), so no repacking of the row's layout."""
+    cols = tl.arange(0, BLOCK_H)
+    in_block = cols // 16 == b
+    amax = tl.max(tl.abs(tl.where(in_block, row, 0.0)), axis=0)
+    scale = tl.math.div_rn(amax, 32767.0)
+    inv = tl.math.div_rn(32767.0, tl.where(amax > 0, amax, 1.0))
+    q = tl.floor(row * inv + 0.5).to(tl.int32)
+    tl.store(q16_ptr + cols, q.to(tl.int16), mask=in_block)
+    tl.store(scales_ptr + b, scale)
+
+
+@triton.jit
 def quantize_x16_kernel(x_ptr, pairs_ptr, scales_ptr, K, BLOCK_G: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Blocks pid * BLOCK_G ... of 16 elements through quantize_blocks."""
     gdc_prologue(USE_GDC)  # PDL: x is the previous kernel's output

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .decode_norm import _add_rms_norm_row, round_code
 from .launch import gdc_prologue, pdl_launch
-from .nvfp4_int_dot import quantize_blocks, x16_buffers
+from .nvfp4_int_dot import quantize_row_block, x16_buffers
 from .nvfp4_triton import _store_exact, exact_out
 
 FUSED = True  # measured: docs/RESULTS.md session 11 call 2 (the profile_decode arm "routernorm")
@@ -38,8 +38,8 @@ def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, rout
                        eps, K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
                        USE_GDC: tl.constexpr = False, pairs_ptr=None, scales_ptr=None, QUANT: tl.constexpr = False):
     """Program pid: rows pid * BLOCK_N ... of [router (E rows) | shared gate (row E)] times the normed row;
-    program 0 also stores the new residual and the normed row (int16 views for bf16) and, QUANT, the normed row
-    as nvfp4_int_dot's int16 blocks (the experts' gate/up input for nvfp4_int_experts)."""
+    program 0 also stores the new residual and the normed row (int16 views for bf16); QUANT: the programs store
+    the normed row's nvfp4_int_dot int16 blocks pid, pid + programs, ... (the integer gate/up's input)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows <= E
@@ -54,11 +54,10 @@ def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, rout
                                True, ROUND, BLOCK_H, 0, FIRST_STORES=True)
     logits = tl.sum(tile.to(tl.float32) * normed[None, :], axis=1)
     _store_exact(logits_ptr + rows, logits, mask_n, ROUND == 1)
-    if QUANT:
-        if pid == 0:
-            g = tl.arange(0, BLOCK_H // 16)
-            quantize_blocks(tl.reshape(normed, [BLOCK_H // 16, 16]), pairs_ptr, scales_ptr, g, g < K // 16,
-                            BLOCK_H // 16)
+    if QUANT:  # each program its share of the blocks (at the real size one each), not program 0 all of them
+        # pairs_ptr: the pairs as int16
+        for b in range(pid, K // 16, tl.num_programs(0)):
+            quantize_row_block(normed, b, pairs_ptr, scales_ptr, BLOCK_H)
 
 
 def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps: float, router_w: torch.Tensor,
@@ -91,5 +90,6 @@ def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps:
         x, delta.contiguous(), norm_w, exact_out(new_x), exact_out(normed), router_w.contiguous(),
         shared_gate.contiguous(), exact_out(logits), e, eps,
         K=k, BLOCK_H=triton.next_power_of_2(k), BLOCK_N=block_n, ROUND=round_code(x.dtype),
-        num_warps=num_warps or 2, **pdl_launch(x.device), pairs_ptr=xq[0], scales_ptr=xq[1], QUANT=quantize)
+        num_warps=num_warps or 2, **pdl_launch(x.device), pairs_ptr=xq[0].view(torch.int16) if quantize else None,
+        scales_ptr=xq[1], QUANT=quantize)
     return (new_x, normed, logits, xq) if quantize else (new_x, normed, logits)
