@@ -7,18 +7,20 @@ FFMA. Here a word of eight codes becomes two registers of four int8 values (2 x 
 +-6, +-8, +-12) with six PRMTs from two 8-byte tables (llama.cpp's get_int_from_table_16 does the same for
 MXFP4), and four dp2a instructions multiply them into x's int16 pairs and add them up exactly in int32. Under
 the H200's Triton 3.6.0 (scripts/sass_nvfp4_int_dot.py, sm_90, no GPU) a word takes ~17 SASS instructions (6
-PRMT, 4 IDP, 4 LOP3, 3 SHF), and the whole GEMV 3.0-3.25 a code at 16-32 rows and 4 warps a program, against
-gemv_multi's 5.8 for the same NVFP4 LM head.
+PRMT, 4 IDP, 4 LOP3, 3 SHF), and the whole GEMV 3.0-3.3 a code, against gemv_multi's 5.8 for the same NVFP4
+LM head. Fewer instructions alone did not make it faster on the H200: one-warp programs of 4 rows did (0.85x
+gemv_multi's LM head), 16 rows x 4 warps took 1.37x (docs/RESULTS.md session 18).
 
 Numbers: x is quantized per 16-element block (the weights' scale group) to int16 with scale amax / 32767,
 q = floor(x * (32767 / amax) + 0.5) (the division correctly rounded, once a block), so |x - q * scale| is half
-a step and an ulp at most: ~2^-16 of the block's largest |x|, far under the bf16 rounding of the output. A block's integer sum is exact (|sum| <= 16 *
-12 * 32767 < 2^24, so also exact as fp32); the blocks add up in fp32 in a fixed order per launch config.
+a step and an ulp at most: ~2^-16 of the block's largest |x|, far under the bf16 rounding of the output. A
+block's integer sum is exact (|sum| <= 16 * 12 * 32767 < 2^24, so also exact as fp32); the blocks add up in
+fp32 in a fixed order per launch config.
 DECODE "asm" (CUDA) and "plain" (Triton integer arithmetic, the interpreter's path) give the same integers, so
 the same bytes. References: quantize_x16_reference, gemv_int_reference (the same arithmetic in torch) and
 nvfp4 dequantization (the value it approximates).
 
-Status: the LM head behind LM_HEAD (off until its GPU A/B); the experts' gate/up in this form is the next step.
+Status: the LM head behind LM_HEAD and the experts' gate/up (nvfp4_int_experts.ON), both off until their GPU A/B.
 """
 from __future__ import annotations
 
