@@ -14,17 +14,9 @@ import statistics
 
 import torch
 
-from bench_nvfp4_experts_decode import graph_timed  # scripts/ is on the path when this runs as a script
+from bench_nvfp4_experts_decode import graph_timed, random_linear  # scripts/ is on the path as a script
 from qwenlocal.engine.kernels.gemv_multi import gemv
 from qwenlocal.engine.kernels.nvfp4_int_dot import gemv_int, quantize_x16, tables
-
-
-def nvfp4_weight(n: int, k: int, dev: torch.device, gen: torch.Generator) -> dict:
-    """Random NVFP4 tensors of the checkpoint's layout: codes, E4M3 block scales (0.25-8), a global scale."""
-    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
-    scales = (torch.rand(n, k // 16, generator=gen) * 7.75 + 0.25).to(torch.float8_e4m3fn)
-    return {"weight": packed.to(dev), "weight_scale": scales.to(dev),
-            "weight_scale_2": torch.tensor(1e-3, device=dev)}
 
 
 def main() -> None:
@@ -37,9 +29,9 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     n, k = (248_320, 2048) if cuda else (200, 512)
-    gen = torch.Generator().manual_seed(0)
-    w = nvfp4_weight(n, k, dev, gen)
-    x = torch.randn(1, k, generator=gen).to(torch.bfloat16).to(dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    w = dict(zip(("weight", "weight_scale", "weight_scale_2"), random_linear(n, k, dev, gen)))
+    x = torch.randn(1, k, generator=gen, device=dev).to(torch.bfloat16)
     tables(dev)  # made before any capture
     nbytes = n * k // 2 + n * k // 16
     arms = {"gemv_multi": lambda: gemv(x, w, out_dtype=torch.float32),

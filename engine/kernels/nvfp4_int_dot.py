@@ -71,13 +71,18 @@ def word_dot(words, p0, p1, p2, p3, tp0, tn0, DECODE: tl.constexpr):
 
 
 @triton.jit
+def _block_scale(amax):
+    """(scale, inv) of a block whose largest |x| is amax: amax / 32767 and 32767 / amax (1 for an all-zero
+    block), each correctly rounded."""
+    return tl.math.div_rn(amax, 32767.0), tl.math.div_rn(32767.0, tl.where(amax > 0, amax, 1.0))
+
+
+@triton.jit
 def quantize_blocks(x, pairs_ptr, scales_ptr, g, mask_g, BLOCK_G: tl.constexpr):
     """x fp32 [BLOCK_G, 16] (blocks g; masked blocks hold zeros): scale = amax / 32767, q = floor(x * (32767 /
     amax) + 0.5) (one correctly rounded division a block, not one an element), stored as int16 pairs (element
     2p in the low half of pair p) and fp32 scales."""
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.math.div_rn(amax, 32767.0)
-    inv = tl.math.div_rn(32767.0, tl.where(amax > 0, amax, 1.0))
+    scale, inv = _block_scale(tl.max(tl.abs(x), axis=1))
     q = tl.floor(x * inv[:, None] + 0.5).to(tl.int32)
     lo, hi = tl.split(tl.reshape(q, [BLOCK_G, 8, 2]))
     pairs = (lo & 0xFFFF) | (hi << 16)
@@ -93,9 +98,7 @@ def quantize_row_block(row, b, q16_ptr, scales_ptr, BLOCK_H: tl.constexpr):
     pairs), so no repacking of the row's layout."""
     cols = tl.arange(0, BLOCK_H)
     in_block = cols // 16 == b
-    amax = tl.max(tl.abs(tl.where(in_block, row, 0.0)), axis=0)
-    scale = tl.math.div_rn(amax, 32767.0)
-    inv = tl.math.div_rn(32767.0, tl.where(amax > 0, amax, 1.0))
+    scale, inv = _block_scale(tl.max(tl.abs(tl.where(in_block, row, 0.0)), axis=0))
     q = tl.floor(row * inv + 0.5).to(tl.int32)
     tl.store(q16_ptr + cols, q.to(tl.int16), mask=in_block)
     tl.store(scales_ptr + b, scale)
@@ -113,9 +116,45 @@ def quantize_x16_kernel(x_ptr, pairs_ptr, scales_ptr, K, BLOCK_G: tl.constexpr, 
 
 
 @triton.jit
+def x_pair_tiles(pairs_ptr, xs_ptr, tables_ptr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
+    """word_dot's operands other than the words, for a [BLOCK_N, BLOCK_G, 2] tile of words (group b, word h of
+    it): x's pairs p0..p3 of word 2b + h (pairs[8b + 4h + i]), the tables' words tp0, tn0, and x's block scales
+    [BLOCK_G]."""
+    grp = tl.arange(0, BLOCK_G)
+    mask_g = grp < K // 16
+    two = tl.arange(0, 2)
+    xp = tl.load(pairs_ptr + grp[:, None, None] * 8 + two[None, :, None] * 4 + tl.arange(0, 4)[None, None, :],
+                 mask=mask_g[:, None, None], other=0)
+    even, odd = tl.split(tl.reshape(xp, [BLOCK_G, 2, 2, 2]))  # i = 2a + b: even {0, 2}, odd {1, 3}
+    p0, p2 = tl.split(even)
+    p1, p3 = tl.split(odd)
+    shape: tl.constexpr = [BLOCK_N, BLOCK_G, 2]
+    p0, p1 = tl.broadcast_to(p0[None, :, :], shape), tl.broadcast_to(p1[None, :, :], shape)
+    p2, p3 = tl.broadcast_to(p2[None, :, :], shape), tl.broadcast_to(p3[None, :, :], shape)
+    tp0 = tl.broadcast_to(tl.load(tables_ptr), shape)
+    tn0 = tl.broadcast_to(tl.load(tables_ptr + 2), shape)
+    return p0, p1, p2, p3, tp0, tn0, tl.load(xs_ptr + grp, mask=mask_g, other=0.0)
+
+
+@triton.jit
+def rows_dot(w, s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, K: tl.constexpr, BLOCK_G: tl.constexpr,
+             DECODE: tl.constexpr):
+    """sum over the 16-code groups of (integer dot) * E4M3 scale * x's block scale, fp32 [len(rows)], for the
+    NVFP4 rows `rows` (int64) of a matrix whose words start at w (K / 8 a row) and scale bytes at s (K / 16 a
+    row); the x operands from x_pair_tiles."""
+    grp = tl.arange(0, BLOCK_G)
+    mask_g = grp < K // 16
+    two = tl.arange(0, 2)
+    words = tl.load(w + rows[:, None, None] * (K // 8) + grp[None, :, None] * 2 + two[None, None, :],
+                    mask=mask_n[:, None, None] & mask_g[None, :, None], other=0)
+    isum = tl.sum(word_dot(words, p0, p1, p2, p3, tp0, tn0, DECODE), axis=2)
+    sc = tl.load(s + rows[:, None] * (K // 16) + grp[None, :], mask=mask_n[:, None] & mask_g[None, :], other=0)
+    return tl.sum(isum.to(tl.float32) * (sc.to(tl.float8e4nv, bitcast=True).to(tl.float32) * xs[None, :]), axis=1)
+
+
+@triton.jit
 def gemv_int_kernel(w_ptr, s_ptr, g_ptr, pairs_ptr, xs_ptr, tables_ptr, out_ptr, N, K: tl.constexpr,
-                    BLOCK_N: tl.constexpr,
-                    BLOCK_G: tl.constexpr, DECODE: tl.constexpr, OUT_BF16: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, DECODE: tl.constexpr, OUT_BF16: tl.constexpr,
                     USE_GDC: tl.constexpr = False):
     """Rows pid * BLOCK_N ...: out[n] = sum over 16-code groups b of (integer dot of group b) * scale[n, b] *
     xscale[b], then * global / 2 (the codes count double). w: int32 words (K / 8 a row), s: E4M3 bytes
@@ -123,28 +162,9 @@ def gemv_int_kernel(w_ptr, s_ptr, g_ptr, pairs_ptr, xs_ptr, tables_ptr, out_ptr,
     gdc_prologue(USE_GDC)  # PDL: x's pairs and scales are the previous kernel's output
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < N
-    grp = tl.arange(0, BLOCK_G)
-    mask_g = grp < K // 16
-    two = tl.arange(0, 2)
-    mask = mask_n[:, None, None] & mask_g[None, :, None]
-    words = tl.load(w_ptr + n[:, None, None].to(tl.int64) * (K // 8) + grp[None, :, None] * 2 + two[None, None, :],
-                    mask=mask, other=0)
-    # x's 4 pairs of word 2b + h: pairs[8b + 4h + i]
-    xp = tl.load(pairs_ptr + grp[:, None, None] * 8 + two[None, :, None] * 4 + tl.arange(0, 4)[None, None, :],
-                 mask=mask_g[:, None, None], other=0)
-    even, odd = tl.split(tl.reshape(xp, [BLOCK_G, 2, 2, 2]))  # i = 2a + b: even {0, 2}, odd {1, 3}
-    p0, p2 = tl.split(even)
-    p1, p3 = tl.split(odd)
-    shape: tl.constexpr = [BLOCK_N, BLOCK_G, 2]
-    tp0 = tl.broadcast_to(tl.load(tables_ptr), shape)
-    tn0 = tl.broadcast_to(tl.load(tables_ptr + 2), shape)
-    isum = tl.sum(word_dot(words, tl.broadcast_to(p0[None, :, :], shape), tl.broadcast_to(p1[None, :, :], shape),
-                           tl.broadcast_to(p2[None, :, :], shape), tl.broadcast_to(p3[None, :, :], shape), tp0, tn0,
-                           DECODE), axis=2)
-    sc = tl.load(s_ptr + n[:, None].to(tl.int64) * (K // 16) + grp[None, :], mask=mask_n[:, None] & mask_g[None, :],
-                 other=0)
-    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32) * tl.load(xs_ptr + grp, mask=mask_g, other=0.0)[None, :]
-    acc = tl.sum(isum.to(tl.float32) * scale, axis=1) * (tl.load(g_ptr) * 0.5)
+    p0, p1, p2, p3, tp0, tn0, xs = x_pair_tiles(pairs_ptr, xs_ptr, tables_ptr, K, BLOCK_N, BLOCK_G)
+    acc = rows_dot(w_ptr, s_ptr, n.to(tl.int64), mask_n, p0, p1, p2, p3, tp0, tn0, xs, K, BLOCK_G, DECODE)
+    acc = acc * (tl.load(g_ptr) * 0.5)
     _store_exact(out_ptr + n, acc, mask_n, OUT_BF16)  # bf16 to nearest in the interpreter too
 
 

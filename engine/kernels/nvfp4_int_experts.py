@@ -24,27 +24,13 @@ import triton.language as tl
 from .launch import gdc_prologue, pdl_launch
 from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
-from .nvfp4_int_dot import gemv_int_reference, quantize_x16, tables, word_dot
+from .nvfp4_int_dot import gemv_int_reference, quantize_x16, rows_dot, tables, x_pair_tiles
+from ..quant.nvfp4_rows import unpack_nvfp4_expert
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_int, x quantized by the router's launch
 # (router_norm(quantize=True)) or, where no router_norm runs, by quantize_x16: off until its GPU A/B (profile_decode
 # arm "guint"). act at the level of x's int16 blocks, not expert_gate_up's bytes.
 ON = False
-
-
-@triton.jit
-def _rows_dot(w, s, rows, mask_n, p0, p1, p2, p3, xs, tp0, tn0, H: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_G: tl.constexpr, DECODE: tl.constexpr):
-    """sum over the groups of (integer dot) * scale * x's block scale, fp32 [BLOCK_N], for the NVFP4 rows `rows`
-    of a matrix whose words start at w (H / 8 a row) and scale bytes at s (H / 16 a row)."""
-    grp = tl.arange(0, BLOCK_G)
-    mask_g = grp < H // 16
-    two = tl.arange(0, 2)
-    words = tl.load(w + rows[:, None, None] * (H // 8) + grp[None, :, None] * 2 + two[None, None, :],
-                    mask=mask_n[:, None, None] & mask_g[None, :, None], other=0)
-    isum = tl.sum(word_dot(words, p0, p1, p2, p3, tp0, tn0, DECODE), axis=2)
-    sc = tl.load(s + rows[:, None] * (H // 16) + grp[None, :], mask=mask_n[:, None] & mask_g[None, :], other=0)
-    return tl.sum(isum.to(tl.float32) * (sc.to(tl.float8e4nv, bitcast=True).to(tl.float32) * xs[None, :]), axis=1)
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
@@ -61,23 +47,9 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
     gate_w, up_w, gate_s, up_s, g_gate, g_up = gate_up_pointers(
         ids_ptr, words_ptr, bytes_ptr, H, I, row_words, gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j,
         K_ROUTED, HAS_EXTRA)
-    grp = tl.arange(0, BLOCK_G)
-    mask_g = grp < H // 16
-    two = tl.arange(0, 2)
-    # x's 4 pairs of word 2b + h: pairs[8b + 4h + i], i = 2a + c
-    xp = tl.load(pairs_ptr + grp[:, None, None] * 8 + two[None, :, None] * 4 + tl.arange(0, 4)[None, None, :],
-                 mask=mask_g[:, None, None], other=0)
-    even, odd = tl.split(tl.reshape(xp, [BLOCK_G, 2, 2, 2]))
-    p0, p2 = tl.split(even)
-    p1, p3 = tl.split(odd)
-    shape: tl.constexpr = [BLOCK_N, BLOCK_G, 2]
-    p0, p1 = tl.broadcast_to(p0[None, :, :], shape), tl.broadcast_to(p1[None, :, :], shape)
-    p2, p3 = tl.broadcast_to(p2[None, :, :], shape), tl.broadcast_to(p3[None, :, :], shape)
-    tp0 = tl.broadcast_to(tl.load(tables_ptr), shape)
-    tn0 = tl.broadcast_to(tl.load(tables_ptr + 2), shape)
-    xs = tl.load(xs_ptr + grp, mask=mask_g, other=0.0)
-    gate = _rows_dot(gate_w, gate_s, rows, mask_n, p0, p1, p2, p3, xs, tp0, tn0, H, BLOCK_N, BLOCK_G, DECODE)
-    up = _rows_dot(up_w, up_s, rows, mask_n, p0, p1, p2, p3, xs, tp0, tn0, H, BLOCK_N, BLOCK_G, DECODE)
+    p0, p1, p2, p3, tp0, tn0, xs = x_pair_tiles(pairs_ptr, xs_ptr, tables_ptr, H, BLOCK_N, BLOCK_G)
+    gate = rows_dot(gate_w, gate_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
+    up = rows_dot(up_w, up_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
     gate = gate * (g_gate * 0.5)  # the codes count double
     up = up * (g_up * 0.5)
     tl.store(act_ptr + j * I + n, gate / (1.0 + tl.exp(-gate)) * up, mask=mask_n)
@@ -117,20 +89,13 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, h
 def expert_gate_up_int_reference(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                                  extra: tuple | None = None) -> torch.Tensor:
     """expert_gate_up_int's arithmetic in torch: each expert's gate and up through gemv_int_reference."""
-    off = _row_offsets(hidden, inter)
     xf = x.reshape(-1)
-    mats = []
-    for e in ids.reshape(-1).tolist():
-        row = rows[e]
-        packed = row[:2 * inter * hidden // 2].reshape(2 * inter, hidden // 2)
-        scales = row[off["gu_scale_at"]:off["gu_scale_at"] + 2 * inter * hidden // 16].reshape(2 * inter, -1)
-        glob = row[4 * off["glob_at"]:4 * off["glob_at"] + 8].view(torch.float32)
-        mats.append(((packed[:inter], scales[:inter], glob[0]), (packed[inter:], scales[inter:], glob[1])))
+    mats = [unpack_nvfp4_expert(rows[e], hidden, inter)[:2] for e in ids.reshape(-1).tolist()]
     if extra is not None:
         mats.append((tuple(extra[:3]), tuple(extra[3:])))
     act = []
     for (gp, gs, gg), (upk, us, ug) in mats:
-        g = gemv_int_reference(gp, gs.reshape(gp.shape[0], -1).view(torch.uint8), gg, xf)
-        u = gemv_int_reference(upk, us.reshape(upk.shape[0], -1).view(torch.uint8), ug, xf)
+        g = gemv_int_reference(gp, gs, gg, xf)
+        u = gemv_int_reference(upk, us, ug, xf)
         act.append(F.silu(g) * u)
     return torch.stack(act)
