@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The NVFP4 LM head alone: gemv_multi (the default) against nvfp4_int_dot.gemv_int (x quantized to int16
-blocks by its own launch, then the integer-dot GEMV) over gemv_int's launch configs, at the real geometry
+blocks by its own launch, then the integer-dot GEMV) over gemv_int's launch configs, and gemv_multi at the
+integer kernel's shapes (4/1, 2/1: how much of a gain is the shape), at the real geometry
 (248,320 x 2,048, 286 MB: it spills L2, so each call reads HBM). A CUDA graph of `--inner` calls, the median of
 `--repeat` replays, in interleaved rounds; prints us a call, GB/s, the ratio to the default per round, and each
 arm's logits against the default's. On the CPU (Triton's interpreter) a small geometry, to check that it runs.
@@ -36,6 +37,9 @@ def main() -> None:
     nbytes = n * k // 2 + n * k // 16
     arms = {"gemv_multi": lambda: gemv(x, w, out_dtype=torch.float32),
             "quantize_x16 alone": lambda: quantize_x16(x.reshape(-1))}
+    for bn, nw in ((4, 1), (2, 1)):  # the integer kernel's launch shapes in the float kernel: the shape's share
+        arms[f"gemv_multi {bn}/{nw}"] = lambda bn=bn, nw=nw: gemv(x, w, out_dtype=torch.float32, block_n=bn,
+                                                                 num_warps=nw)
     for cfg in args.configs.split(","):
         bn, nw = (int(v) for v in cfg.split("/"))
         arms[f"int {bn}/{nw}"] = lambda bn=bn, nw=nw: gemv_int(
@@ -43,7 +47,7 @@ def main() -> None:
             block_n=bn, num_warps=nw)
     ref = arms["gemv_multi"]().float().reshape(-1)
     for name, fn in arms.items():
-        if name.startswith("int"):
+        if name.startswith("int") or name.startswith("gemv_multi "):
             err = float((fn().float() - ref).abs().max() / ref.abs().max())
             print(f"{name:<18} max |diff| / max |logit| = {err:.2e}", flush=True)
     rounds_table({name: [fn] * args.inner for name, fn in arms.items()}, args.rounds, args.repeat, cuda, nbytes)

@@ -189,11 +189,12 @@ def quantize_x16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def gemv_int(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x: torch.Tensor,
-             out_dtype: torch.dtype = torch.float32, *, block_n: int = 4, num_warps: int = 1,
+             out_dtype: torch.dtype = torch.float32, *, block_n: int = 2, num_warps: int = 1,
              decode: str | None = None) -> torch.Tensor:
     """NVFP4 weight (packed uint8 [N, K/2], E4M3 scales [N, K/16], fp32 global) times x [K] -> [N]. The default
-    launch, 4 rows and one warp a program, was the fastest of 14 for the LM head on the H200 (109.7 us against
-    gemv_multi's 129.6; 16 rows x 4 warps, the fewest instructions a code, took 181: docs/RESULTS.md session 18)."""
+    launch, 2 rows and one warp a program, is the one that held on two H200s for the LM head (113.1 / 111.0 us
+    against gemv_multi's 129.6 / 129.3; 4 x 1 took 109.7 on one and 160.6 on the other; 16 rows x 4 warps, the
+    fewest instructions a code, 181 / 176: docs/RESULTS.md sessions 18 and 19)."""
     n, k = packed.shape[0], 2 * packed.shape[1]
     if packed.dtype != torch.uint8 or k % 16 or scale.shape != (n, k // 16) or x.numel() != k:
         raise ValueError(f"need packed uint8 [N, K/2] with K % 16 == 0, scales [N, K/16] and x [K]; got "

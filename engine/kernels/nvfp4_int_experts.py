@@ -59,11 +59,11 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, h
                        extra: tuple | None = None, out: torch.Tensor | None = None, *, xq: tuple | None = None,
                        block_n: int | None = None, num_warps: int = 1, decode: str | None = None) -> torch.Tensor:
     """expert_gate_up's act fp32 [k (+1), I] (its arguments, see there) through integer dots. xq: x already
-    quantized (quantize_x16's (pairs, scales)); None: quantized here, one more launch. block_n (None: 2 rows
-    on a GPU, at one warp: expert_gate_up's rows without its cross-warp sums; in the interpreter, whose time goes
-    by programs, whole experts)."""
+    quantized (quantize_x16's (pairs, scales)); None: quantized here, one more launch. block_n (None: 1 row
+    on a GPU, at one warp: the fastest of five alone on the H200, 7.93 us against expert_gate_up's 9.26, docs/
+    RESULTS.md session 19; in the interpreter, whose time goes by programs, whole experts)."""
     if block_n is None:
-        block_n = 2 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
+        block_n = 1 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     words = _check(rows, hidden, inter)
     if hidden % 16:
         raise ValueError(f"hidden must be a multiple of 16, got {hidden}")
