@@ -31,6 +31,7 @@ def test_the_lm_head_as_integer_dots_keeps_the_logits(quantized_ckpt, monkeypatc
 
 def test_the_experts_gate_up_as_integer_dots_keeps_the_logits(quantized_ckpt, monkeypatch):  # noqa: F811
     ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(16))
+    monkeypatch.setattr(nvfp4_int_experts, "ON", False)  # the float gate/up ("no-guint")
     off = _engine(quantized_ckpt, True).score(ids, prefill=24)
     monkeypatch.setattr(nvfp4_int_experts, "ON", True)
     calls, quantized = [], []

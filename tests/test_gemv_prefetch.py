@@ -1,7 +1,6 @@
 """gemv_multi asks L2 for its weight rows before the programmatic-launch wait: the line offsets cover every byte
 of the program's rows (Triton's interpreter), and in the sm_90 code compiled here (Triton's bundled ptxas, no
-GPU) the L2 prefetches come before the wait (ACQBULK) while every load stays after it. With EARLY
-(gemv_multi.WEIGHTS_EARLY) the weights themselves are loaded before the wait, x after it."""
+GPU) the L2 prefetches come before the wait (ACQBULK) while every load stays after it."""
 import json
 import os
 import shutil
@@ -48,7 +47,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from qwenlocal.engine.kernels import gemv_multi as gm
-fmt, k, n_total, tool, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+fmt, k, n_total, tool = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 cfg = gm.choose_config(fmt, n_total, k)
 types = {"w": {"dense": "*bf16", "fp8": "*i32", "nvfp4": "*i64"}[fmt],
          "s": {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*u8"}[fmt],
@@ -59,8 +58,7 @@ for name in fn.arg_names:
     kind = name.rstrip("0123456789")
     sig[name] = {"x_ptr": "*bf16", "out_ptr": "*i16"}.get(name, types.get(kind, "constexpr"))
 consts = dict(K=k, FMT=gm._FMT_ID[fmt], PARTS=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-              CHUNK=gm.chunk_words(fmt, cfg), OUT_BF16=True, USE_GDC=True, PREFETCH=mode == "prefetch",
-              EARLY=mode == "early")
+              CHUNK=gm.chunk_words(fmt, cfg), OUT_BF16=True, USE_GDC=True, PREFETCH=True)
 attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if sig[name].startswith("*")}
 kernel = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                         options=dict(num_warps=cfg.num_warps))
@@ -72,14 +70,14 @@ print(json.dumps([line.split(";")[0] for line in sass.splitlines() if re.match(r
 """
 
 
-def _sass(fmt: str, k: int, n_total: int, mode: str = "prefetch") -> list[str]:
+def _sass(fmt: str, k: int, n_total: int) -> list[str]:
     """The kernel's sm_90 SASS, compiled in a fresh process (this one runs Triton's interpreter)."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     tool = tool if os.path.exists(tool) else shutil.which("cuobjdump")
     if tool is None:
         pytest.skip("no cuobjdump in this Triton build: the sm_90 code cannot be inspected here")
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE, fmt, str(k), str(n_total), tool, mode], env=env,
+    run = subprocess.run([sys.executable, "-c", _COMPILE, fmt, str(k), str(n_total), tool], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout.splitlines()[-1])
@@ -93,20 +91,3 @@ def test_sm90_code_prefetches_before_the_wait_and_loads_after(fmt, k, n_total):
     loads = [i for i, t in enumerate(ins) if "LDG" in t]
     assert len(wait) == 1 and prefetch and loads
     assert max(prefetch) < wait[0] < min(loads)
-
-
-@pytest.mark.parametrize("fmt, k, n_total", [("fp8", 2048, 12288), ("nvfp4", 2048, 1024), ("dense", 2048, 288)])
-def test_sm90_code_with_early_weights_loads_them_before_the_wait_and_x_after(fmt, k, n_total):
-    """EARLY: the tile's weight loads (every LDG of the wide kind the tile uses) are issued before the wait, and
-    the loads after it are x's (and the scale's): at least one on each side, and no L2 prefetch."""
-    ins = _sass(fmt, k, n_total, "early")
-    wait = [i for i, t in enumerate(ins) if "ACQBULK" in t]
-    loads = [i for i, t in enumerate(ins) if "LDG" in t]
-    assert len(wait) == 1 and not any("CCTL.E.PF2" in t for t in ins)
-    before, after = [i for i in loads if i < wait[0]], [i for i in loads if i > wait[0]]
-    assert before and after, (len(before), len(after))
-    default = _sass(fmt, k, n_total, "none")
-    default_wait = next(i for i, t in enumerate(default) if "ACQBULK" in t)
-    assert not any("LDG" in t for t in default[:default_wait])  # the control: without EARLY nothing before it
-    # the same number of loads in all: only their place moved
-    assert len(loads) == sum("LDG" in t for t in default)

@@ -59,11 +59,10 @@ def test_programmatic_launch_is_on_and_gives_the_plain_launch_bytes():
 
 
 @pytest.mark.parametrize("switches", [("gemv_multi", "PERSISTENT"), ("gemv_multi", "WEIGHT_PREFETCH"),
-                                      ("gemv_multi", "WEIGHTS_EARLY"),
                                       ("nvfp4_experts_decode", "PERSISTENT"), ("router_gemv", "FUSED")])
 def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monkeypatch):
     """The A/B switches that change only how the work is spread or prefetched (persistent GEMV programs with the
-    rows asked of L2 turns ahead, the weight prefetch or the weights' loads before the PDL wait, persistent expert programs, the
+    rows asked of L2 turns ahead, the weight prefetch before the PDL wait, persistent expert programs, the
     router's top-k in its GEMV's last program) give the default step's logits byte for byte, through the graph,
     190 steps, with programmatic launch."""
     import importlib

@@ -36,24 +36,6 @@ def test_two_formats_give_the_bytes_of_gemv_multi_of_each(fmt_a, ns_a, fmt_b, ns
         assert ((b.float() - ref_b.float()).abs() <= 2 * ulp * ref_b.float().abs() + 1e-5).all()
 
 
-@pytest.mark.parametrize("fmt_a, fmt_b", [("fp8", "dense"), ("nvfp4", "fp8")])
-def test_weights_loaded_before_the_wait_give_the_same_bytes(fmt_a, fmt_b, monkeypatch, nan_empty):
-    """gemv_multi.WEIGHTS_EARLY in the two-format launch: both sides' bytes as without it (PDL on a GPU)."""
-    from qwenlocal.engine.kernels import gemv_multi as gm
-    from qwenlocal.engine.kernels.launch import programmatic_launch
-
-    gen = torch.Generator().manual_seed(5)
-    parts_a = [make_part(fmt_a, n, 160, gen) for n in (37, 5)]
-    parts_b = [make_part(fmt_b, n, 160, gen) for n in (3, 3)]
-    x = torch.randn(1, 160, generator=gen).to(torch.bfloat16).to(DEVICE)
-    with programmatic_launch(True):
-        monkeypatch.setattr(gm, "WEIGHTS_EARLY", False)
-        ref = gemv_mixed.gemv_two_formats(x * 1, parts_a, parts_b)
-        monkeypatch.setattr(gm, "WEIGHTS_EARLY", True)
-        got = gemv_mixed.gemv_two_formats(x * 1, parts_a, parts_b)
-    assert torch.isfinite(got).all() and torch.equal(got, ref)
-
-
 def test_bad_calls_are_refused():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(1, 32, generator=gen).to(DEVICE)

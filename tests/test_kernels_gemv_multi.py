@@ -165,29 +165,6 @@ def test_persistent_programs_give_the_bytes_of_one_program_a_tile(fmt, programs,
                            gemv_multi(x, parts, **cfg))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("k", [160, 2048, 4096 + 64])
-def test_weights_loaded_before_the_wait_give_the_same_bytes(fmt, k, monkeypatch, nan_empty):
-    """WEIGHTS_EARLY (the first K block's weights loaded before the PDL wait) moves loads, not sums: every byte as
-    without it, normed input too, one K block and two (4096 + 64), both output dtypes; on a GPU with
-    programmatic launch (the wait then real), after a kernel that writes x."""
-    from qwenlocal.engine.kernels.launch import programmatic_launch
-
-    gen = torch.Generator().manual_seed(k)
-    parts = [make_part(fmt, n, k, gen) for n in (37, 5)]
-    x = torch.randn(1, k, generator=gen).to(torch.bfloat16).to(DEVICE)
-    sums = (x.float() ** 2).reshape(-1, 16).sum(-1).contiguous()
-    norm = (sums, (torch.randn(k, generator=gen) * 0.1).to(torch.bfloat16).to(DEVICE), 1e-6)
-    with programmatic_launch(True):
-        for out_dtype in (torch.float32, torch.bfloat16):
-            for nm in (None, norm):
-                monkeypatch.setattr(gm, "WEIGHTS_EARLY", False)
-                ref = gemv_multi(x * 1, parts, out_dtype=out_dtype, norm=nm)
-                monkeypatch.setattr(gm, "WEIGHTS_EARLY", True)
-                got = gemv_multi(x * 1, parts, out_dtype=out_dtype, norm=nm)
-                assert torch.isfinite(got).all() and torch.equal(got, ref)
-
-
 def test_persistent_config_is_one_wave_and_the_prefetch_is_cuda_only():
     from qwenlocal.engine.kernels.launch import resident_programs
 

@@ -77,69 +77,36 @@ def tiles_rstd(sums_ptr, tiles, H, eps, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _dense_cols(k0, K: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
+def dense_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 CHUNK: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
+    """sum over K block k0 of W[rows] * x for a plain [N, K] weight; tile [BLOCK_N, chunks, CHUNK] as in
+    fp8_block."""
     C: tl.constexpr = BLOCK_K // CHUNK
     cols = k0 + (tl.arange(0, C) * CHUNK)[:, None] + tl.arange(0, CHUNK)[None, :]  # [chunks, CHUNK]
-    return cols, cols < K
-
-
-@triton.jit
-def dense_load(w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-               CHUNK: tl.constexpr):
-    """The [BLOCK_N, chunks, CHUNK] tile of a plain [N, K] weight over K block k0 (dense_block's loads)."""
-    cols, mask_k = _dense_cols(k0, K, BLOCK_K, CHUNK)
+    mask_k = cols < K
     ptrs = w + rows64[:, None, None] * K + cols[None, :, :]
     if EVEN_K:
         wt = tl.load(ptrs, mask=mask_n[:, None, None], other=0.0)
     else:
         wt = tl.load(ptrs, mask=mask_n[:, None, None] & mask_k[None, :, :], other=0.0)
-    return wt
-
-
-@triton.jit
-def dense_dot(wt, x_ptr, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, nw_ptr=None, rstd=None,
-              NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
-    """A loaded dense tile (dense_load) times x over its K block: per-row sums."""
-    cols, mask_k = _dense_cols(k0, K, BLOCK_K, CHUNK)
     xv = x_values(x_ptr, cols, mask_k, nw_ptr, rstd, NORM, ROUND)
     return tl.sum(tl.sum(wt.to(tl.float32) * xv[None, :, :], axis=1), axis=1)
 
 
 @triton.jit
-def dense_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                CHUNK: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
-    """sum over K block k0 of W[rows] * x for a plain [N, K] weight; tile [BLOCK_N, chunks, CHUNK] as in
-    fp8_block."""
-    wt = dense_load(w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
-    return dense_dot(wt, x_ptr, k0, K, BLOCK_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
-
-
-@triton.jit
-def _fp8_words(k0, K: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
+def fp8_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+               CHUNK: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
+    """sum over K block k0 of e4m3(W[rows]) * 2^-8 * x; w: the [N, K/4] int32 view of the codes. The block is
+    a [BLOCK_N, chunks, CHUNK] tile of words (CHUNK: a warp's 16 B loads across a row), so that the compiler
+    gives each thread all chunks of its rows: a row is summed in one thread, then across one warp."""
     C: tl.constexpr = BLOCK_K // 4 // CHUNK
     jx = k0 // 4 + (tl.arange(0, C) * CHUNK)[:, None] + tl.arange(0, CHUNK)[None, :]  # [chunks, CHUNK]
-    return jx, jx < K // 4
-
-
-@triton.jit
-def fp8_load(w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-             CHUNK: tl.constexpr):
-    """The [BLOCK_N, chunks, CHUNK] tile of int32 words (4 E4M3 codes each) over K block k0 (fp8_block's
-    loads)."""
-    jx, mask_x = _fp8_words(k0, K, BLOCK_K, CHUNK)
+    mask_x = jx < K // 4
     ptrs = w + rows64[:, None, None] * (K // 4) + jx[None, :, :]
     if EVEN_K:
         words = tl.load(ptrs, mask=mask_n[:, None, None], other=0)
     else:
         words = tl.load(ptrs, mask=mask_n[:, None, None] & mask_x[None, :, :], other=0)
-    return words
-
-
-@triton.jit
-def fp8_dot(words, x_ptr, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, nw_ptr=None,
-            rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
-    """A loaded FP8 word tile (fp8_load) times x: per-row sums of e4m3 * 2^-8 * x."""
-    jx, mask_x = _fp8_words(k0, K, BLOCK_K, CHUNK)
     even, odd = _e4m3_halves(words)
     # x as [chunks, CHUNK] loads, broadcast over the rows (a 3D load of x would impose its layout on the tile)
     prod = _half_lo(even) * x_values(x_ptr, 4 * jx, mask_x, nw_ptr, rstd, NORM, ROUND)[None, :, :]
@@ -150,32 +117,18 @@ def fp8_dot(words, x_ptr, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.
 
 
 @triton.jit
-def fp8_block(x_ptr, w, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-              CHUNK: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
-    """sum over K block k0 of e4m3(W[rows]) * 2^-8 * x; w: the [N, K/4] int32 view of the codes. The block is
-    a [BLOCK_N, chunks, CHUNK] tile of words (CHUNK: a warp's 16 B loads across a row), so that the compiler
-    gives each thread all chunks of its rows: a row is summed in one thread, then across one warp."""
-    words = fp8_load(w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
-    return fp8_dot(words, x_ptr, k0, K, BLOCK_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
-
-
-@triton.jit
-def _nvfp4_groups(k0, K: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
+def nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 CHUNK: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
+    """sum over K block k0 of e2m1(W[rows]) * 2^-14 * block scale * 2^-8 * x; w: the [N, K/16] int64 view of the
+    packed codes (one word per scale group), s: the [N, K/16] E4M3 block scale bytes. Tile [BLOCK_N, chunks,
+    CHUNK] of groups as in fp8_block."""
     C: tl.constexpr = BLOCK_K // 16 // CHUNK
     g = tl.arange(0, CHUNK)
     grp = k0 // 16 + (tl.arange(0, C) * CHUNK)[:, None] + g[None, :]  # [chunks, CHUNK]
     # The same groups, seen by the compiler as runs of 2 (an int64 pair is one 16 B load): the scale bytes then
     # get the words' layout; as 16 B runs of bytes they would set a layout of 16 groups (256 x values) a thread.
     grp2 = k0 // 16 + (tl.arange(0, C) * CHUNK)[:, None] + ((g // 2) * 2 + g % 2)[None, :]
-    return grp, grp2, grp < K // 16
-
-
-@triton.jit
-def nvfp4_load(w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-               CHUNK: tl.constexpr):
-    """(words, scale bytes): the [BLOCK_N, chunks, CHUNK] tiles of int64 code words and E4M3 block scales over
-    K block k0 (nvfp4_block's loads)."""
-    grp, grp2, mask_g = _nvfp4_groups(k0, K, BLOCK_K, CHUNK)
+    mask_g = grp < K // 16
     offs = rows64[:, None, None] * (K // 16) + grp[None, :, :]
     offs2 = rows64[:, None, None] * (K // 16) + grp2[None, :, :]
     if EVEN_K:
@@ -184,14 +137,6 @@ def nvfp4_load(w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr,
     else:
         words = tl.load(w + offs, mask=mask_n[:, None, None] & mask_g[None, :, :], other=0)
         scale = tl.load(s + offs2, mask=mask_n[:, None, None] & mask_g[None, :, :], other=0)
-    return words, scale
-
-
-@triton.jit
-def nvfp4_dot(words, scale, x_ptr, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, nw_ptr=None,
-              rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
-    """Loaded NVFP4 tiles (nvfp4_load) times x: per-row sums of e2m1 * 2^-14 * block scale * 2^-8 * x."""
-    grp, grp2, mask_g = _nvfp4_groups(k0, K, BLOCK_K, CHUNK)
     lo = words.to(tl.int32)  # codes 0-7 of the group
     hi = (words >> 32).to(tl.int32)  # codes 8-15
     xs = 16 * grp
@@ -204,16 +149,6 @@ def nvfp4_dot(words, scale, x_ptr, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, C
         part += _half_lo(h) * x_values(x_ptr, xs + p + 8, mask_g, nw_ptr, rstd, NORM, ROUND)[None, :, :]
         part += _half_hi(h) * x_values(x_ptr, xs + p + 12, mask_g, nw_ptr, rstd, NORM, ROUND)[None, :, :]
     return tl.sum(tl.sum(part * _e4m3_scaled(scale.to(tl.int32)), axis=1), axis=1)
-
-
-@triton.jit
-def nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                CHUNK: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
-    """sum over K block k0 of e2m1(W[rows]) * 2^-14 * block scale * 2^-8 * x; w: the [N, K/16] int64 view of the
-    packed codes (one word per scale group), s: the [N, K/16] E4M3 block scale bytes. Tile [BLOCK_N, chunks,
-    CHUNK] of groups as in fp8_block."""
-    words, scale = nvfp4_load(w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
-    return nvfp4_dot(words, scale, x_ptr, k0, K, BLOCK_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
 
 
 @triton.jit

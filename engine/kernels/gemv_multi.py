@@ -34,8 +34,7 @@ import triton
 import triton.language as tl
 
 from .decode_norm import round_code
-from .gemv_codes import (dense_dot, dense_load, fp8_dot, fp8_load, nvfp4_dot, nvfp4_load, prefetch_rows,
-                         tiles_rstd)
+from .gemv_codes import dense_block, fp8_block, nvfp4_block, prefetch_rows, tiles_rstd
 from .fp8_scaled_mm import fp8_tensor_cores
 from .launch import gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_fp8, dequant_nvfp4
@@ -87,49 +86,22 @@ def _prefetch_tile(t, tiles, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0,
 
 
 @triton.jit
-def _tile_load(w, s, rows64, mask_n, k0, K: tl.constexpr, FMT: tl.constexpr, BLOCK_K: tl.constexpr,
-               CHUNK: tl.constexpr, FP8_CVT: tl.constexpr):
-    """One K block's weight tiles: (codes, NVFP4 block scale bytes); other formats give their codes twice."""
-    EVEN_K: tl.constexpr = K % BLOCK_K == 0
-    if FMT == 0 or (FMT == 1 and FP8_CVT):
-        wt = dense_load(w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
-        sc = wt
-    elif FMT == 1:
-        wt = fp8_load(w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
-        sc = wt
-    else:
-        wt, sc = nvfp4_load(w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK)
-    return wt, sc
-
-
-@triton.jit
-def _tile_dot(wt, sc, x_ptr, k0, K: tl.constexpr, FMT: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
-              FP8_CVT: tl.constexpr, nw_ptr, rstd, NORM: tl.constexpr, ROUND: tl.constexpr):
-    """One K block's loaded tiles (_tile_load) times x: the rows' partial sums."""
-    if FMT == 0 or (FMT == 1 and FP8_CVT):
-        part = dense_dot(wt, x_ptr, k0, K, BLOCK_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
-    elif FMT == 1:
-        part = fp8_dot(wt, x_ptr, k0, K, BLOCK_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
-    else:
-        part = nvfp4_dot(wt, sc, x_ptr, k0, K, BLOCK_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
-    return part
-
-
-@triton.jit
 def _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K: tl.constexpr, FMT: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
                   FP8_CVT: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False,
-                  ROUND: tl.constexpr = 0, wt0=None, sc0=None, LOADED: tl.constexpr = False):
+                  ROUND: tl.constexpr = 0):
     """One tile: BLOCK_N rows of one part times x, stored at out_rows. FP8_CVT: the FP8 codes as float8e4nv
-    elements, converted by the hardware (sm_89+: two codes an instruction, exact) in the dense path's tile.
-    LOADED: the first K block's tiles are wt0, sc0 (_tile_load before the PDL wait), the same bytes."""
+    elements, converted by the hardware (sm_89+: two codes an instruction, exact) in the dense path's tile."""
+    EVEN_K: tl.constexpr = K % BLOCK_K == 0
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):  # one block where K <= BLOCK_K; unrolled otherwise (K/BLOCK_K small)
-        if LOADED and k0 == 0:
-            acc += _tile_dot(wt0, sc0, x_ptr, k0, K, FMT, BLOCK_K, CHUNK, FP8_CVT, nw_ptr, rstd, NORM, ROUND)
+        if FMT == 0 or (FMT == 1 and FP8_CVT):
+            acc += dense_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
+        elif FMT == 1:
+            acc += fp8_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
         else:
-            wt, sc = _tile_load(w, s, rows64, mask_n, k0, K, FMT, BLOCK_K, CHUNK, FP8_CVT)
-            acc += _tile_dot(wt, sc, x_ptr, k0, K, FMT, BLOCK_K, CHUNK, FP8_CVT, nw_ptr, rstd, NORM, ROUND)
+            acc += nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM,
+                               ROUND)
     if FMT == 1 and FP8_CVT:
         acc = acc * tl.load(s).to(tl.float32)
     elif FMT == 1:
@@ -140,41 +112,19 @@ def _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K: tl.const
 
 
 @triton.jit
-def tile_before_wait(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K: tl.constexpr, FMT: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
-                     FP8_CVT: tl.constexpr, USE_GDC: tl.constexpr, EARLY: tl.constexpr, PREFETCH: tl.constexpr,
-                     sums_ptr, nw_ptr, sum_tiles, eps, NORM: tl.constexpr, ROUND: tl.constexpr,
-                     BLOCK_T: tl.constexpr):
-    """A tile of a one-program-a-tile launch with the PDL wait in its place: the weights are never written
-    during decode, so EARLY loads the first K block's tiles into registers before the wait (with programmatic
-    launch, while the previous kernel still runs), PREFETCH only asks L2 for them; x (the previous kernel's
-    output) and the norm's sums are read after it. The same bytes either way."""
-    if EARLY:
-        wt0, sc0 = _tile_load(w, s, rows64, mask_n, 0, K, FMT, BLOCK_K, CHUNK, FP8_CVT)
-    else:
-        prefetch_rows(w, s, rows64, mask_n, K, FMT, USE_GDC and PREFETCH)
-        wt0, sc0 = w, s
-    gdc_prologue(USE_GDC)
-    rstd = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
-    _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK, OUT_BF16,
-                  FP8_CVT, nw_ptr, rstd, NORM, ROUND, wt0, sc0, EARLY)
-
-
-@triton.jit
 def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0, n1, n2, n3, p1, p2, p3,
                       tiles, K: tl.constexpr, FMT: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
                       USE_GDC: tl.constexpr = False, PREFETCH: tl.constexpr = False,
                       PERSISTENT: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0, FP8_CVT: tl.constexpr = False,
                       sums_ptr=None, nw_ptr=None, sum_tiles=0, eps=0.0, NORM: tl.constexpr = False,
-                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1, EARLY: tl.constexpr = False):
+                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1):
     """Tile t (BLOCK_N rows of one part, `_tile_part`) of `tiles`. One program a tile, or PERSISTENT: the grid's
     programs take the tiles pid, pid + grid, ... in turn, and ask L2 for the rows of the tile L2_AHEAD turns
     ahead before each tile's loads, so that an SM's loads stream while it decodes and sums (the programs of one
     SM otherwise start together and load, then compute, together). Parts beyond PARTS are never read (the
     wrapper passes part 0 there). A row's sum is the same either way (one tile, one order). NORM: x is a
-    residual, RMS-normed as it is loaded (gemv_codes.x_values) with the rstd of its tiles' sums of squares.
-    EARLY (one program a tile): the weights loaded before the PDL wait (tile_before_wait)."""
+    residual, RMS-normed as it is loaded (gemv_codes.x_values) with the rstd of its tiles' sums of squares."""
     pid = tl.program_id(0)
     if PERSISTENT:
         grid = tl.num_programs(0)
@@ -195,9 +145,14 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
     else:
         w, s, g, rows64, mask_n, out_rows = _tile_rows(pid, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
                                                        n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
-        tile_before_wait(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                         OUT_BF16, FP8_CVT, USE_GDC, EARLY, PREFETCH, sums_ptr, nw_ptr, sum_tiles, eps, NORM, ROUND,
-                         BLOCK_T)
+        # The weights are never written during decode: their lines are asked of L2 before the wait, so that
+        # with programmatic launch they stream in while the previous kernel (often a one-program norm) runs.
+        prefetch_rows(w, s, rows64, mask_n, K, FMT, USE_GDC and PREFETCH)
+        gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
+        rstd = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
+        _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
+                      OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND)
+
 
 @dataclasses.dataclass(frozen=True)
 class GemvConfig:
@@ -214,11 +169,8 @@ class GemvConfig:
 # (profile_decode arm "fused-pdl/prefetch", session 9) the step was no faster (median round ratio 1.008). Not an
 # engine option: no byte moves.
 WEIGHT_PREFETCH = False
-# The first K block's weights loaded into registers before the programmatic-launch wait (one program a tile):
-# a tile's loads are what these GEMVs wait on (gemv_codes' docstring), and the weights are never written during
-# decode, so with PDL they can be in flight while the previous kernel finishes. The same bytes (profile_decode
-# arm "early"); off until its GPU A/B.
-WEIGHTS_EARLY = False
+# (Tried: the first K block's weights loaded into registers before the wait, gemv_mixed too; removed after its
+# A/B, docs/RESULTS.md session 19: 1.016x the step, slower in 7 of 7 rounds, in_proj 11.2 -> 12.6 us; e0f55d5.)
 # Persistent programs (one wave: the SMs times the programs one SM holds) with the rows L2_AHEAD turns ahead
 # asked of L2: off; the A/B on the H200 (profile_decode arm "fused-pdl/persistent", session 9) was 1.03x the
 # step. The same bytes as one program a tile (tests/test_kernels_gemv_multi.py).
@@ -387,7 +339,6 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
         x.reshape(-1).contiguous(), exact_out(out), *ws, *ss, *gs, *(ns + [0] * pad), *starts, sum(tiles),
         K=k, FMT=_FMT_ID[fmt], PARTS=len(args), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         CHUNK=chunk_words(fmt, cfg, elem, fp8_cvt), PREFETCH=WEIGHT_PREFETCH, PERSISTENT=persistent,
-        EARLY=WEIGHTS_EARLY and not persistent,
         FP8_CVT=fp8_cvt and fmt == FP8,
         L2_AHEAD=cfg.l2_ahead if persistent else 0,
         OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -12,7 +12,7 @@ expert_gate_up's bytes: x's int16 blocks put act within ~2e-4 of the fp32 refere
 under bf16's 2^-9. Reference: expert_gate_up_int_reference (the same integers and order of scaling in torch);
 nvfp4_experts_decode.expert_gate_up_reference for the value it approximates.
 
-Status: behind the switch ON (decode_fused), tested in the interpreter; its GPU A/B is the next session's.
+Status: on by default (the switch ON, decode_fused), since its GPU A/B (session 19).
 """
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ from .nvfp4_int_dot import gemv_int_reference, quantize_x16, rows_dot, tables, x
 from ..quant.nvfp4_rows import unpack_nvfp4_expert
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_int, x quantized by the router's launch
-# (router_norm(quantize=True)) or, where no router_norm runs, by quantize_x16: off until its GPU A/B (profile_decode
-# arm "guint"). act at the level of x's int16 blocks, not expert_gate_up's bytes.
-ON = False
+# (router_norm(quantize=True)) or, where no router_norm runs, by quantize_x16. On: its GPU A/B (profile_decode arm
+# "guint", docs/RESULTS.md session 19) made the resident 16K step 0.988x, faster in 7 of 7 interleaved rounds
+# (gate/up 9.25 -> 7.85 us, router_norm 3.13 -> 3.79 us). act at the level of x's int16 blocks, not
+# expert_gate_up's bytes; "no-guint" is the float kernel.
+ON = True
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
