@@ -37,7 +37,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench_resident import timed  # scripts/ is on the path when this runs as a script
 from qwenlocal.engine import Engine
 from qwenlocal.engine.kernels import (attention_decode, decode_router, gdn_decode, gemv_mixed, gemv_multi, gemv_norm,
-                                      nvfp4_experts_decode, nvfp4_experts_mma, nvfp4_int_dot, nvfp4_int_experts,
+                                      nvfp4_experts_decode, nvfp4_experts_mma, nvfp4_int_experts,
                                       parts_norm, router_gemv, router_norm)
 from qwenlocal.engine.bench.measure import device_gbps
 from qwenlocal.engine.model import decode_fused
@@ -128,7 +128,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "mixed": (gemv_mixed, "MIXED"), "attn": (attention_decode, "TRITON"),
             "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
-            "lmint": (nvfp4_int_dot, "LM_HEAD"), "guint": (nvfp4_int_experts, "ON")}
+            "guint": (nvfp4_int_experts, "ON")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

@@ -148,10 +148,11 @@ def test_the_tensor_core_expert_gate_up_in_the_step_matches_the_unfused_step(qua
     offloaded; the step matches the unfused one at the fp16 level of its activations (x rounds to fp16: the
     fp32 engine's logits move by ~1e-4 of the largest), and the serial and apart launches give the same bytes."""
     from qwenlocal.engine.config import load_model_config
-    from qwenlocal.engine.kernels import nvfp4_experts_mma
+    from qwenlocal.engine.kernels import nvfp4_experts_mma, nvfp4_int_experts
     from qwenlocal.engine.model import decode_fused
 
     monkeypatch.setattr(nvfp4_experts_mma, "FUSED", True)
+    monkeypatch.setattr(nvfp4_int_experts, "ON", False)  # the integer gate/up (the default) comes first
     calls = {"mma": 0}
     real = nvfp4_experts_mma.expert_gate_up_mma
 

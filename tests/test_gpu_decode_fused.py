@@ -98,12 +98,11 @@ TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"
          "gdntail": ("gdn_decode", "NORM_SHIFT_TAIL"), "router": ("router_gemv", "FUSED"),
          "mixed": ("gemv_mixed", "MIXED"), "attn": ("attention_decode", "TRITON"),
          "routernorm": ("router_norm", "FUSED"), "mma": ("nvfp4_experts_mma", "FUSED"),
-         "tilesums": ("parts_norm", "TILE_SUMS"), "lmint": ("nvfp4_int_dot", "LM_HEAD"),
-         "guint": ("nvfp4_int_experts", "ON")}
+         "tilesums": ("parts_norm", "TILE_SUMS"), "guint": ("nvfp4_int_experts", "ON")}
 
 
 @pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "mma", "tilesums",
-                                   "lmint", "guint", "lmint+guint", "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
+                                   "guint", "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
     next add + RMSNorm in the MoE down projection's launch), gdn_decode.NORM_SHIFT_TAIL (GDN's gated norm and
@@ -114,8 +113,8 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     programmatic launch); all the one-launch tails together too. nvfp4_experts_mma.FUSED (the experts' gate/up
     on the tensor cores, its activations in fp16, its K split with a per-tile last-arrival sum): the same gate.
     parts_norm.TILE_SUMS (the next layer's input norm from the down launch's tile sums, applied by its first
-    GEMV): the same gate. nvfp4_int_dot.LM_HEAD and nvfp4_int_experts.ON (the LM head and the experts' gate/up
-    as integer dots, x in int16 blocks): the same gate."""
+    GEMV): the same gate. nvfp4_int_experts.ON (the experts' gate/up as integer dots, x in int16 blocks; the
+    default since session 19): the same gate."""
     import importlib
 
     ref = "synthetic:small-nvfp4"
@@ -125,6 +124,8 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     for name in tails.split("+"):
         module, attr = TAILS[name]
         monkeypatch.setattr(importlib.import_module(f"qwenlocal.engine.kernels.{module}"), attr, True)
+        if name == "mma":  # the integer gate/up (the default) would take the layers first
+            monkeypatch.setattr(importlib.import_module("qwenlocal.engine.kernels.nvfp4_int_experts"), "ON", False)
     graphs, eager = build(ref, decode_kernels="fused-pdl"), build(ref, decode_kernels="fused-pdl", cuda_graphs=False)
     a, b = graphs.score(ids, prefill=64), eager.score(ids, prefill=64)
     assert torch.isfinite(a).all() and torch.equal(a, b)

@@ -381,12 +381,8 @@ def _forward(model, ids, positions, state, start):
 
 
 def logits(model: "Qwen35MoeModel", hidden: torch.Tensor) -> torch.Tensor:
-    """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype);
-    an NVFP4 head as integer dot products where nvfp4_int_dot.LM_HEAD (x in int16 blocks: ~1e-5 of the logits)."""
-    head = model.lm_head_w
+    """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype).
+    (Tried: the NVFP4 head as integer dots, nvfp4_int_dot.gemv_int; 1.015x / 1.016x the step in two A/Bs,
+    docs/RESULTS.md session 19.)"""
     with programmatic_launch(model.kernels.pdl):
-        if nvfp4_int_dot.LM_HEAD and isinstance(head, QuantLinear) and head.fmt == NVFP4:
-            t = head.tensors
-            return nvfp4_int_dot.gemv_int(t["weight"], t["weight_scale"], t["weight_scale_2"], hidden.reshape(-1),
-                                          torch.float32).reshape(1, -1)
-        return gemv(hidden, head, out_dtype=torch.float32)
+        return gemv(hidden, model.lm_head_w, out_dtype=torch.float32)
