@@ -26,6 +26,12 @@ from .nvfp4_triton import exact_out
 
 MIXED = True  # on: won the paired GPU A/B (docs/RESULTS.md session 10)
 MAX_PARTS = 2  # a format's parts in one call (in_proj: qkv + z, b + a)
+# The second format's parts in the fewest tiles of <= gemv_multi.MAX_TILE_BYTES (in_proj_b + a: 8 tiles of 8 rows
+# instead of 32 of 2). Why: the H200 holds 3 of the launch's programs an SM (256 threads, 80 registers), 396 a
+# wave; the FP8 in_proj is 768 tiles and b + a's 32 make 800, 2.02 waves (Nsight Compute, docs/RESULTS.md session
+# 18), so 8 programs run in a third wave of their own after the second; with 8 tiles it is 776, two waves. Off
+# until its GPU A/B (profile_decode arm "mixedfew"); b + a's sums may be laid out otherwise (an ulp on a GPU).
+FEWEST_B_TILES = False
 
 
 @triton.jit
@@ -71,6 +77,15 @@ def _side(x: torch.Tensor, parts, fp8_cvt: bool):
     return fmt, k, args, ns, elem
 
 
+def fewest_tiles_rows(fmt: str, ns: list[int], block_k: int, elem_bytes: int) -> int:
+    """Rows a tile (a power of 2, <= 32) for the fewest tiles over parts of ns rows, a tile's K block within
+    gemv_multi.MAX_TILE_BYTES."""
+    block_n = min(32, triton.next_power_of_2(max(ns)))
+    while block_n > 1 and block_n * gm.row_bytes(fmt, block_k, elem_bytes) > gm.MAX_TILE_BYTES:
+        block_n //= 2
+    return block_n
+
+
 def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype | None = None,
                      norm: tuple | None = None) -> torch.Tensor:
     """x [1, K] through parts_a (1-2 weights of one format) then parts_b (1-2 of another), K shared -> y [1,
@@ -84,6 +99,8 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
         raise ValueError(f"both sides are {fmt_a}: one format a call is gemv_multi's")
     cfg_a = gm.launch_config(fmt_a, sum(ns_a), k, elem_a, x.device)
     cfg_b = dataclasses.replace(gm.launch_config(fmt_b, sum(ns_b), k, elem_b, x.device), num_warps=cfg_a.num_warps)
+    if FEWEST_B_TILES:
+        cfg_b = dataclasses.replace(cfg_b, block_n=fewest_tiles_rows(fmt_b, ns_b, cfg_b.block_k, elem_b))
     out_dtype = out_dtype or x.dtype
     out = torch.empty(1, sum(ns_a) + sum(ns_b), device=x.device, dtype=out_dtype)
     tiles_a = [triton.cdiv(n, cfg_a.block_n) for n in ns_a]
