@@ -31,3 +31,31 @@ def test_the_experts_gate_up_as_integer_dots_keeps_the_logits(quantized_ckpt, mo
     assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
     apart = _engine(quantized_ckpt, True, "copy-side").score(ids, prefill=24)
     assert torch.equal(apart, on)
+
+
+def test_the_experts_down_as_integer_dots_keeps_the_logits(quantized_ckpt, monkeypatch):  # noqa: F811
+    """nvfp4_int_experts.DOWN: every layer's down launch takes the integer rows (INT_K, counted at the launch),
+    serial and with the shared expert apart (the same bytes), offloaded; the logits at act's quantization level
+    of the float down's, the same argmax."""
+    from qwenlocal.engine.kernels import nvfp4_experts_parts
+
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(18))
+    off = _engine(quantized_ckpt, True).score(ids, prefill=24)
+    monkeypatch.setattr(nvfp4_int_experts, "DOWN", True)
+    launches, real = [], nvfp4_experts_parts.expert_down_parts_kernel
+
+    class Spy:  # each launch's INT_K
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(kwargs.get("INT_K", 0))
+                return real[grid](*args, **kwargs)
+            return launch
+    monkeypatch.setattr(nvfp4_experts_parts, "expert_down_parts_kernel", Spy())
+    eng = _engine(quantized_ckpt, True)
+    on = eng.score(ids, prefill=24)
+    assert len(launches) == 2 * len(eng.model.layers) and all(launches)  # every layer of both decode steps
+    assert torch.equal(on[:24], off[:24])
+    assert ((on[24:] - off[24:]).abs().max() / off[24:].abs().max()) < 1e-3
+    assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
+    apart = _engine(quantized_ckpt, True, "copy-side").score(ids, prefill=24)
+    assert torch.equal(apart, on)

@@ -99,11 +99,11 @@ TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"
          "mixed": ("gemv_mixed", "MIXED"), "attn": ("attention_decode", "TRITON"),
          "routernorm": ("router_norm", "FUSED"), "mma": ("nvfp4_experts_mma", "FUSED"),
          "tilesums": ("parts_norm", "TILE_SUMS"), "guint": ("nvfp4_int_experts", "ON"),
-         "mixedfew": ("gemv_mixed", "FEWEST_B_TILES")}
+         "mixedfew": ("gemv_mixed", "FEWEST_B_TILES"), "dnint": ("nvfp4_int_experts", "DOWN")}
 
 
 @pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "mma", "tilesums",
-                                   "guint", "mixedfew", "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
+                                   "guint", "mixedfew", "dnint", "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
     next add + RMSNorm in the MoE down projection's launch), gdn_decode.NORM_SHIFT_TAIL (GDN's gated norm and
