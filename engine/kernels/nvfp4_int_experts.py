@@ -1,4 +1,5 @@
-"""The batch-1 experts' gate/up (nvfp4_experts_decode.expert_gate_up) as integer dot products (nvfp4_int_dot).
+"""The batch-1 experts' gate/up (nvfp4_experts_decode.expert_gate_up) and down rows (nvfp4_experts_parts) as
+integer dot products (nvfp4_int_dot).
 
 Why: expert_gate_up is the step's largest kernel (9.3 us a layer, 40 layers) and Nsight Compute has it issuing
 instructions half its time at 9.4 SASS instructions a code (docs/RESULTS.md session 18). The same rows, routed
@@ -12,7 +13,12 @@ expert_gate_up's bytes: x's int16 blocks put act within ~2e-4 of the fp32 refere
 under bf16's 2^-9. Reference: expert_gate_up_int_reference (the same integers and order of scaling in torch);
 nvfp4_experts_decode.expert_gate_up_reference for the value it approximates.
 
-Status: on by default (the switch ON, decode_fused), since its GPU A/B (session 19).
+The down rows (down_rows_int, in expert_down_parts' programs with int_dot): each program quantizes the act row
+it needs (fp32, gate/up's output) to the same int16 blocks as quantize_x16 (x_pairs_of_values), then the same
+rows_dot. Reference: expert_down_parts_int_reference.
+
+Status: gate/up on by default (the switch ON, decode_fused), since its GPU A/B (session 19); the down rows behind
+DOWN until theirs.
 """
 from __future__ import annotations
 
