@@ -121,6 +121,14 @@ def x_pair_tiles(pairs_ptr, xs_ptr, tables_ptr, K: tl.constexpr, BLOCK_N: tl.con
     two = tl.arange(0, 2)
     xp = tl.load(pairs_ptr + grp[:, None, None] * 8 + two[None, :, None] * 4 + tl.arange(0, 4)[None, None, :],
                  mask=mask_g[:, None, None], other=0)
+    p0, p1, p2, p3, tp0, tn0 = pair_operands(xp, tables_ptr, BLOCK_N, BLOCK_G)
+    return p0, p1, p2, p3, tp0, tn0, tl.load(xs_ptr + grp, mask=mask_g, other=0.0)
+
+
+@triton.jit
+def pair_operands(xp, tables_ptr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
+    """x's int16 pairs [BLOCK_G, 2, 4] (pair i of word h of group g) as word_dot's operands over a [BLOCK_N,
+    BLOCK_G, 2] tile of words: p0..p3, and the tables' words tp0, tn0."""
     even, odd = tl.split(tl.reshape(xp, [BLOCK_G, 2, 2, 2]))  # i = 2a + b: even {0, 2}, odd {1, 3}
     p0, p2 = tl.split(even)
     p1, p3 = tl.split(odd)
@@ -129,7 +137,7 @@ def x_pair_tiles(pairs_ptr, xs_ptr, tables_ptr, K: tl.constexpr, BLOCK_N: tl.con
     p2, p3 = tl.broadcast_to(p2[None, :, :], shape), tl.broadcast_to(p3[None, :, :], shape)
     tp0 = tl.broadcast_to(tl.load(tables_ptr), shape)
     tn0 = tl.broadcast_to(tl.load(tables_ptr + 2), shape)
-    return p0, p1, p2, p3, tp0, tn0, tl.load(xs_ptr + grp, mask=mask_g, other=0.0)
+    return p0, p1, p2, p3, tp0, tn0
 
 
 @triton.jit

@@ -30,7 +30,8 @@ import triton.language as tl
 from .launch import gdc_prologue, pdl_launch
 from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
-from .nvfp4_int_dot import _block_scale, gemv_int_reference, quantize_x16, rows_dot, tables, x_pair_tiles
+from .nvfp4_int_dot import (_block_scale, gemv_int_reference, pair_operands, quantize_x16, rows_dot, tables,
+                            x_pair_tiles)
 from ..quant.nvfp4_rows import unpack_nvfp4_expert
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_int, x quantized by the router's launch
@@ -85,15 +86,7 @@ def x_pairs_of_values(v_ptr, tables_ptr, K: tl.constexpr, BLOCK_N: tl.constexpr,
     xs, inv = _block_scale(tl.max(tl.max(tl.max(tl.abs(v), axis=3), axis=2), axis=1))
     q = tl.floor(v * inv[:, None, None, None] + 0.5).to(tl.int32)
     lo, hi = tl.split(q)
-    pairs = (lo & 0xFFFF) | (hi << 16)  # [BLOCK_G, 2, 4]
-    even, odd = tl.split(tl.reshape(pairs, [BLOCK_G, 2, 2, 2]))  # i = 2a + b: even {0, 2}, odd {1, 3}
-    p0, p2 = tl.split(even)
-    p1, p3 = tl.split(odd)
-    shape: tl.constexpr = [BLOCK_N, BLOCK_G, 2]
-    p0, p1 = tl.broadcast_to(p0[None, :, :], shape), tl.broadcast_to(p1[None, :, :], shape)
-    p2, p3 = tl.broadcast_to(p2[None, :, :], shape), tl.broadcast_to(p3[None, :, :], shape)
-    tp0 = tl.broadcast_to(tl.load(tables_ptr), shape)
-    tn0 = tl.broadcast_to(tl.load(tables_ptr + 2), shape)
+    p0, p1, p2, p3, tp0, tn0 = pair_operands((lo & 0xFFFF) | (hi << 16), tables_ptr, BLOCK_N, BLOCK_G)
     return p0, p1, p2, p3, tp0, tn0, tl.where(mask_g, xs, 0.0)
 
 
