@@ -129,7 +129,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
             "guint": (nvfp4_int_experts, "ON"), "mixedfew": (gemv_mixed, "FEWEST_B_TILES"),
-            "dnint": (nvfp4_int_experts, "DOWN")}
+            "dnint": (nvfp4_int_experts, "DOWN"), "rq16": (router_norm, "QUANT_RECOMPUTE")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

@@ -59,3 +59,12 @@ def test_the_experts_down_as_integer_dots_keeps_the_logits(quantized_ckpt, monke
     assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
     apart = _engine(quantized_ckpt, True, "copy-side").score(ids, prefill=24)
     assert torch.equal(apart, on)
+
+
+def test_the_router_recomputing_its_blocks_gives_the_default_bytes(quantized_ckpt, monkeypatch):  # noqa: F811
+    """router_norm.QUANT_RECOMPUTE (x's blocks from 16 normed values recomputed, not a pass over the row): the
+    fused step's logits byte for byte (the interpreter: one rounding of x * inv + 0.5)."""
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(20))
+    default = _engine(quantized_ckpt, True).score(ids, prefill=24)
+    monkeypatch.setattr(router_norm, "QUANT_RECOMPUTE", True)
+    assert torch.equal(_engine(quantized_ckpt, True).score(ids, prefill=24), default)

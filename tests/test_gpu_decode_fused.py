@@ -59,6 +59,7 @@ def test_programmatic_launch_is_on_and_gives_the_plain_launch_bytes():
 
 
 @pytest.mark.parametrize("switches", [("gemv_multi", "PERSISTENT"), ("gemv_multi", "WEIGHT_PREFETCH"),
+                                      ("router_norm", "QUANT_RECOMPUTE"),
                                       ("nvfp4_experts_decode", "PERSISTENT"), ("router_gemv", "FUSED")])
 def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monkeypatch):
     """The A/B switches that change only how the work is spread or prefetched (persistent GEMV programs with the
