@@ -165,18 +165,17 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     if not write_shared and (extra is not None or addend is not None):
         raise ValueError("write_shared=False leaves the shared row to the caller: give neither extra nor addend")
     experts, tiles = k + 1 if write_shared else k, triton.cdiv(hidden, block_m)
+    int_dot = nvfp4_int_experts.DOWN if int_dot is None else int_dot
+    num_warps = num_warps or (nvfp4_int_experts.DOWN_WARPS if int_dot else 2)
     programs = requested_programs(programs, act.device, num_warps, bg * 16 >= inter)
     per_expert = max(1, (programs or 0) // max(1, experts))
     persistent = programs is not None and per_expert < tiles
-    int_dot = nvfp4_int_experts.DOWN if int_dot is None else int_dot
     if int_dot and persistent:
         raise ValueError("the integer down rows take one program a tile, not persistent programs")
     int_args = {}
     if int_dot:
         int_args = dict(tables_ptr=int_tables(act.device), INT_K=inter, INT_G=triton.next_power_of_2(inter // 16),
                         INT_DECODE=int_decode or ("asm" if rows.is_cuda else "plain"))
-        num_warps = num_warps or nvfp4_int_experts.DOWN_WARPS
-    num_warps = num_warps or 2
     tail = (_sums_tail(sums, act.device, hidden, tiles, not persistent) if sums is not None
             else _norm_tail(norm, act.device, hidden, tiles, write_shared and not persistent))
     expert_down_parts_kernel[(per_expert if persistent else tiles, experts)](
