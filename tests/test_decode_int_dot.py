@@ -35,8 +35,8 @@ def test_the_experts_gate_up_as_integer_dots_keeps_the_logits(quantized_ckpt, mo
 
 def test_the_experts_down_as_integer_dots_keeps_the_logits(quantized_ckpt, monkeypatch):  # noqa: F811
     """nvfp4_int_experts.DOWN: every layer's down launch takes the integer rows (INT_K, counted at the launch),
-    serial and with the shared expert apart (the same bytes), offloaded; the logits at act's quantization level
-    of the float down's, the same argmax."""
+    serial, with the shared expert apart and offloaded to slots (the same bytes); the logits at act's
+    quantization level of the float down's, the same argmax."""
     from qwenlocal.engine.kernels import nvfp4_experts_parts
 
     ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(18))
@@ -59,6 +59,7 @@ def test_the_experts_down_as_integer_dots_keeps_the_logits(quantized_ckpt, monke
     assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
     apart = _engine(quantized_ckpt, True, "copy-side").score(ids, prefill=24)
     assert torch.equal(apart, on)
+    assert torch.equal(_engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24), on)
 
 
 def test_the_router_recomputing_its_blocks_gives_the_default_bytes(quantized_ckpt, monkeypatch):  # noqa: F811
@@ -68,3 +69,20 @@ def test_the_router_recomputing_its_blocks_gives_the_default_bytes(quantized_ckp
     default = _engine(quantized_ckpt, True).score(ids, prefill=24)
     monkeypatch.setattr(router_norm, "QUANT_RECOMPUTE", True)
     assert torch.equal(_engine(quantized_ckpt, True).score(ids, prefill=24), default)
+
+
+@pytest.mark.parametrize("opts", [{}, {"expert_slots": 12}])
+def test_the_shared_expert_early_gives_the_default_bytes(quantized_ckpt, monkeypatch, opts):  # noqa: F811
+    """shared_early.ON: the shared expert's gate/up launched on its own between the router's launch and route_topk
+    (in the interpreter in place, on a GPU on a side stream), the routed gate/up writing the other rows of act:
+    the fused step's logits byte for byte, offloaded and resident; counted where it runs."""
+    from qwenlocal.engine.model import shared_early
+
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(22))
+    default = _engine(quantized_ckpt, True, **opts).score(ids, prefill=24)
+    monkeypatch.setattr(shared_early, "ON", True)
+    started, real = [], shared_early.start
+    monkeypatch.setattr(shared_early, "start", lambda *a, **k: started.append(1) or real(*a, **k))
+    eng = _engine(quantized_ckpt, True, **opts)
+    assert torch.equal(eng.score(ids, prefill=24), default)
+    assert len(started) == 2 * len(eng.model.layers)

@@ -134,3 +134,22 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     ra, rb = _rel(a[64:104], cpu[64:]), _rel(unfused[64:], cpu[64:])
     assert ra <= max(2e-2, 1.5 * rb), (ra, rb)
     assert (a[64:104].argmax(-1) == unfused[64:].argmax(-1)).float().mean() >= 0.9
+
+
+def test_the_shared_expert_early_is_the_default_bytes_and_needs_its_join(monkeypatch):
+    """shared_early.ON (the shared expert's gate/up on a side stream from the router's launch to the down
+    launch): the default step's logits byte for byte through the graph, 190 steps, with programmatic launch, and
+    eager; the negative control: without the join, and the side stream held back first, the bytes break."""
+    from qwenlocal.engine.model import shared_early
+
+    ref = "synthetic:small-nvfp4"
+    ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(37))
+    default = build(ref, decode_kernels="fused-pdl").score(ids, prefill=64)
+    monkeypatch.setattr(shared_early, "ON", True)
+    for graphs in (True, False):
+        early = build(ref, decode_kernels="fused-pdl", cuda_graphs=graphs).score(ids, prefill=64)
+        assert torch.isfinite(early).all() and torch.equal(early, default)
+    monkeypatch.setattr(shared_early, "JOIN", False)
+    monkeypatch.setattr(shared_early, "SIDE_DELAY", lambda: torch.cuda._sleep(2_000_000))  # act[k] lands late
+    broken = build(ref, decode_kernels="fused-pdl", cuda_graphs=False).score(ids[:64 + 8], prefill=64)
+    assert not torch.equal(broken, default[:64 + 8])

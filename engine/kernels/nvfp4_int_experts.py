@@ -118,6 +118,8 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, h
         raise ValueError(f"xq must be quantize_x16 of {hidden} values, got {pairs.numel()} pairs")
     if out is None:
         out = torch.empty(n, inter, device=rows.device, dtype=torch.float32)
+    elif out.shape != (n, inter) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be fp32 [{n}, {inter}] contiguous, got {tuple(out.shape)} {out.dtype}")
     gate = up = (words, rows, out)  # unused stand-ins of the right pointer types
     if extra is not None:
         gate, up = _matrix(*extra[:3]), _matrix(*extra[3:])

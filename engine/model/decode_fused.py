@@ -41,6 +41,7 @@ from ..kernels import attention_decode as attention_decode_mod
 from ..kernels import nvfp4_experts_mma
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import gemv_mixed, gemv_norm, nvfp4_int_dot, nvfp4_int_experts, parts_norm, router_gemv, router_norm
+from . import shared_early
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
@@ -230,17 +231,28 @@ def router_takes_the_norm(moe: "SparseMoE", x: torch.Tensor) -> bool:
 
 
 def _route_with_norm(moe: "SparseMoE", pending: tuple):
-    """(weights, ids, shared_scale, new_x, normed, xq): pending = (x, mixer delta, post_norm, eps) normed by the
-    router's programs, then route_topk's tail on their logits; xq: the normed row's int16 blocks where the
-    experts' gate/up takes them (_int_gate_up), else None."""
+    """(weights, ids, shared_scale, new_x, normed, xq, aside): pending = (x, mixer delta, post_norm, eps) normed
+    by the router's programs, then route_topk's tail on their logits; xq: the normed row's int16 blocks where the
+    experts' gate/up takes them (_int_gate_up), else None; aside: the shared expert's gate/up forked between the
+    two launches (shared_early), else None."""
     quantize = _int_gate_up(moe)
     out = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate, quantize=quantize)
     new_x, h, router_logits = out[:3]
     xq = out[3] if quantize else None
-    if "route" in DROP:
-        return (*_dropped_route(moe, h), new_x, h, xq)
-    weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
-    return weights, ids, shared_scale, new_x, h, xq
+    aside = None
+    if shared_early.wanted(moe, quantize) and moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe):
+        gate, up, _ = nvfp4_triples(*moe.shared)
+        aside = shared_early.start(moe, h, xq, gate + up, moe.experts.decode_bank())
+    try:
+        if "route" in DROP:
+            return (*_dropped_route(moe, h), new_x, h, xq, aside)
+        weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k,
+                                                h.dtype)
+    except BaseException:
+        if aside is not None:  # no side work outlives its layer
+            aside.join()
+        raise
+    return weights, ids, shared_scale, new_x, h, xq, aside
 
 
 def _int_gate_up(moe: "SparseMoE") -> bool:
@@ -258,22 +270,27 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor
     result is (new_x, the above), next_norm's x replaced by new_x. defer_norm (next_norm is a next layer's
     input norm, parts_norm.TILE_SUMS on, an NVFP4 parts launch): (new_x, DeferredNorm) instead of (new_x, normed)."""
     if pending is not None:
-        weights, ids, shared_scale, new_x, h, xq = _route_with_norm(moe, pending)
+        weights, ids, shared_scale, new_x, h, xq, aside = _route_with_norm(moe, pending)
         if next_norm is not None:
             next_norm = (new_x, *next_norm[1:])
-        return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm, xq)
+        try:
+            return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm, xq,
+                                           aside)
+        finally:  # no side work outlives its layer (joined before the down launch already; once)
+            if aside is not None:
+                aside.join()
     weights, ids, shared_scale = _route(moe, h)
     return _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm)
 
 
 def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra, site: str,
-             xq: tuple | None = None):
+             xq: tuple | None = None, out: torch.Tensor | None = None):
     """expert_gate_up's act: as integer dots where xq (h's int16 blocks, _int_gate_up) is given; on the tensor
     cores where nvfp4_experts_mma.FUSED and the layer allows it (K in whole split steps; its input norm's
     outputs fit fp16: moe.mma_ok, set by forward on an eager step). site: the call site's arrival counters on
-    moe (one set a launch site: serial, shared apart, routed)."""
+    moe (one set a launch site: serial, shared apart, routed). out: where the integer path writes act."""
     if xq is not None:
-        return nvfp4_int_experts.expert_gate_up_int(h, ids, rows, moe.hidden, moe.inter, extra, xq=xq)
+        return nvfp4_int_experts.expert_gate_up_int(h, ids, rows, moe.hidden, moe.inter, extra, out=out, xq=xq)
     cfg = nvfp4_experts_mma.CONFIG
     if (nvfp4_experts_mma.FUSED and getattr(moe, "mma_ok", False)
             and nvfp4_experts_mma.step_codes(moe.hidden, cfg["split"]) is not None):
@@ -285,9 +302,11 @@ def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.T
 
 
 def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_scale, trace_ids, next_norm,
-                     defer_norm: bool = False, xq: tuple | None = None):
+                     defer_norm: bool = False, xq: tuple | None = None, aside=None):
     """moe_decode after the router: the experts (and the shared one) of this token. xq: h's int16 blocks where
-    the router's launch made them (the integer gate/up; made here otherwise)."""
+    the router's launch made them (the integer gate/up; made here otherwise). aside: the shared expert's act
+    being made on a side stream (shared_early): the routed gate/up writes the other rows, the down launch
+    waits for it."""
     sums = _sums_tail(moe, next_norm, moe.hidden) if defer_norm else None
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
@@ -302,7 +321,12 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         # The down projection leaves one fp32 part per expert ([k + 1, 1, H]); the next add_rms_norm sums them.
         if moe.overlap.split == "off":
             copy()
-            act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters", xq)
+            if aside is not None:
+                act = aside.act
+                _gate_up(moe, h, slots, rows, None, "mma_counters_routed", xq, out=act[:slots.shape[-1]])
+                aside.join()
+            else:
+                act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters", xq)
             if sums is not None:  # the next norm left to the next layer's first GEMV
                 return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                                    extra_scale=shared_scale, sums=sums), next_norm)
