@@ -10,7 +10,9 @@ dependent launch (PDL: each kernel waits on the previous one as the step's kerne
   read    a kernel that reads S bytes (16 B loads, all of a program's loads issued before its sum) and writes one
           int32 a program: how long a kernel of S bytes takes at the least, for the step's kernel sizes (the
           experts' down 5.4 MB, gate/up 10.6, out_proj 8.4, q+k+v 18.9, in_proj 25.5, attention's KV 33.6, the
-          LM head 286). GB/s and the fraction of the peak given (--peak, default the H200's 4.8 TB/s).
+          LM head 286). GB/s and the fraction of the peak given (--peak, default the H200's 4.8 TB/s); "early":
+          the same with PDL and the loads issued before the wait (the most a weight prefetch ahead of the wait
+          can give a chain of pure reads; the GEMVs' version lost, docs/RESULTS.md session 19).
 With the read table, the step's floor for its current kernels is each kernel's bytes at the read time of its
 size plus the launches of the latency kernels at the empty time; docs/RESULTS.md holds that sum.
 
@@ -42,17 +44,22 @@ def bump_kernel(buf_ptr, USE_GDC: tl.constexpr = False):
 
 
 @triton.jit
-def read_kernel(src_ptr, out_ptr, n_words, WORDS: tl.constexpr, STEPS: tl.constexpr, USE_GDC: tl.constexpr = False):
+def read_kernel(src_ptr, out_ptr, n_words, WORDS: tl.constexpr, STEPS: tl.constexpr, USE_GDC: tl.constexpr = False,
+                EARLY: tl.constexpr = False):
     """Program p sums the int32 words p * STEPS * WORDS ... of src (STEPS loads of WORDS words a thread-block,
     unrolled, so that all of them are in flight before the sum) and stores the sum: a read of the bytes and
-    nothing else."""
-    gdc_prologue(USE_GDC)
+    nothing else. EARLY: the loads are issued before the PDL wait (as weights could be: nothing writes them), so
+    that they overlap the previous launch's tail; the sum and the store after it."""
+    if not EARLY:
+        gdc_prologue(USE_GDC)
     base = tl.program_id(0).to(tl.int64) * (STEPS * WORDS)
     offs = tl.arange(0, WORDS)
     acc = tl.zeros([WORDS], dtype=tl.int32)
     for s in tl.static_range(STEPS):
         idx = base + s * WORDS + offs
         acc += tl.load(src_ptr + idx, mask=idx < n_words, other=0)
+    if EARLY:
+        gdc_prologue(USE_GDC)
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
 
@@ -120,7 +127,8 @@ def main() -> None:
     per_program = 4 * args.words * args.steps
     print(f"\n== read: S bytes a launch, {per_program // 1024} KB a program, {args.warps} warps (chains of >= {chain}, "
           f">= 200 MB) ==")
-    print(f"{'S (MB)':>7} {'programs':>8} {'plain us':>9} {'PDL us':>8} {'PDL GB/s':>9} {'of peak':>8}")
+    print(f"{'S (MB)':>7} {'programs':>8} {'plain us':>9} {'PDL us':>8} {'PDL GB/s':>9} {'of peak':>8} "
+          f"{'early us':>9}")
     for size in sizes:
         n_words = int(size * MB) // 4
         programs = triton.cdiv(n_words, args.words * args.steps)
@@ -134,15 +142,16 @@ def main() -> None:
         if int(out.long().sum()) != int(srcs[0].long().sum()):  # every byte read once, or the figures mean nothing
             raise SystemExit(f"read_kernel summed {int(out.long().sum())}, the buffer holds {int(srcs[0].long().sum())}")
         row = []
-        for pdl in (False, True):
+        for pdl, early in ((False, False), (True, False), (True, True)):
             with programmatic_launch(pdl):
                 kw = pdl_launch(dev)
                 row.append(1e6 * chain_time(
                     lambda i: read_kernel[(programs,)](srcs[i % copies], out, n_words, WORDS=args.words,
-                                                       STEPS=args.steps, num_warps=args.warps, **kw),
+                                                       STEPS=args.steps, EARLY=early, num_warps=args.warps, **kw),
                     launches, args.repeat, cuda))
         gbps = size * MB / (row[1] * 1e-6) / 1e9
-        print(f"{size:>7.1f} {programs:>8} {row[0]:>9.2f} {row[1]:>8.2f} {gbps:>9.0f} {gbps * 1e9 / args.peak:>8.1%}")
+        print(f"{size:>7.1f} {programs:>8} {row[0]:>9.2f} {row[1]:>8.2f} {gbps:>9.0f} {gbps * 1e9 / args.peak:>8.1%} "
+              f"{row[2]:>9.2f}")
 
 
 if __name__ == "__main__":
