@@ -22,13 +22,12 @@ size plus the launches of the latency kernels at the empty time; docs/RESULTS.md
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import triton
 import triton.language as tl
 
+from bench_nvfp4_experts_decode import graph_timed  # scripts/ is on the path when this runs as a script
 from qwenlocal.engine.kernels.launch import gdc_prologue, pdl_launch, programmatic_launch
 
 MB = 1e6
@@ -64,37 +63,8 @@ def read_kernel(src_ptr, out_ptr, n_words, WORDS: tl.constexpr, STEPS: tl.conste
 
 
 def chain_time(launch, chain: int, repeat: int, cuda: bool) -> float:
-    """Seconds per launch of `launch(i)` for i in 0..chain-1: one CUDA graph of the chain, median of `repeat`
-    replays (on the CPU: one eager pass per repeat)."""
-    for i in range(chain):  # compile and warm up
-        launch(i)
-    if not cuda:
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for i in range(chain):
-                launch(i)
-            times.append((time.perf_counter() - t0) / chain)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-        for i in range(chain):
-            launch(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / chain)
-    return statistics.median(times)
+    """Seconds per launch of `launch(i)` for i in 0..chain-1: one CUDA graph of the chain (graph_timed)."""
+    return graph_timed([lambda i=i: launch(i) for i in range(chain)], repeat, cuda)
 
 
 def main() -> None:
