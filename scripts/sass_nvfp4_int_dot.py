@@ -80,39 +80,34 @@ def compile_sm90(block_n: int, num_warps: int):
                           options=dict(num_warps=num_warps))
 
 
+def print_row(kernel, first: int, num_warps: int, codes_a_warp: float, path: str, dump: bool) -> None:
+    """One table row: (first column, warps), registers, stack, instructions, PRMT / IDP / LDG / SHFL counts and
+    instructions a code (codes_a_warp: the weight codes one warp's thread handles, times 32)."""
+    body, usage, _ = sass_of(kernel, path, dump)
+    count = lambda op: sum(1 for ln in body if re.search(rf"\b{op}", ln))  # noqa: E731
+    print(f"{first:>7} {num_warps:>5} {usage['REG']:>4} {usage['STACK']:>5} {len(body):>6} {count('PRMT'):>5} "
+          f"{count('IDP'):>5} {count('LDG'):>4} {count('SHFL'):>4} {len(body) / (codes_a_warp / num_warps):>10.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", help="write ttgir / ptx / sass per config here")
     args = ap.parse_args()
+    out = lambda name: os.path.join(args.dump or "/tmp", name)  # noqa: E731
     print(f"{'block_n':>7} {'warps':>5} {'regs':>4} {'stack':>5} {'instrs':>6} {'PRMT':>5} {'IDP':>5} {'LDG':>4} "
           f"{'SHFL':>4} {'instr/code':>10}")
     for block_n, num_warps in CONFIGS:
-        kernel = compile_sm90(block_n, num_warps)
-        path = os.path.join(args.dump or "/tmp", f"nvfp4_int_dot_{block_n}_{num_warps}")
-        body, usage, _ = sass_of(kernel, path, bool(args.dump))
-        count = lambda op: sum(1 for ln in body if re.search(rf"\b{op}", ln))  # noqa: E731
-        codes = block_n * K / (32 * num_warps)
-        print(f"{block_n:>7} {num_warps:>5} {usage['REG']:>4} {usage['STACK']:>5} {len(body):>6} {count('PRMT'):>5} "
-              f"{count('IDP'):>5} {count('LDG'):>4} {count('SHFL'):>4} {len(body) / codes:>10.2f}")
+        print_row(compile_sm90(block_n, num_warps), block_n, num_warps, block_n * K / 32,
+                  out(f"nvfp4_int_dot_{block_n}_{num_warps}"), bool(args.dump))
     print("\nexperts' gate/up (gate and up rows of a program; expert_gate_up at 2 x 4: 9.4 a code)")
     for block_n, num_warps in EXPERT_CONFIGS:
-        kernel = compile_experts_sm90(block_n, num_warps)
-        path = os.path.join(args.dump or "/tmp", f"nvfp4_int_experts_{block_n}_{num_warps}")
-        body, usage, _ = sass_of(kernel, path, bool(args.dump))
-        count = lambda op: sum(1 for ln in body if re.search(rf"\b{op}", ln))  # noqa: E731
-        codes = 2 * block_n * K / (32 * num_warps)
-        print(f"{block_n:>7} {num_warps:>5} {usage['REG']:>4} {usage['STACK']:>5} {len(body):>6} {count('PRMT'):>5} "
-              f"{count('IDP'):>5} {count('LDG'):>4} {count('SHFL'):>4} {len(body) / codes:>10.2f}")
+        print_row(compile_experts_sm90(block_n, num_warps), block_n, num_warps, 2 * block_n * K / 32,
+                  out(f"nvfp4_int_experts_{block_n}_{num_warps}"), bool(args.dump))
     print("\nexperts' down (16 rows of I 512 a program with the tile sums' tail; INT_K 0: the float rows; the "
           "instructions include the tail's)")
     for int_k, num_warps in DOWN_CONFIGS:
-        kernel = compile_down_sm90(int_k, num_warps)
-        path = os.path.join(args.dump or "/tmp", f"nvfp4_down_{int_k}_{num_warps}")
-        body, usage, _ = sass_of(kernel, path, bool(args.dump))
-        count = lambda op: sum(1 for ln in body if re.search(rf"\b{op}", ln))  # noqa: E731
-        codes = 16 * 512 / (32 * num_warps)
-        print(f"{int_k:>7} {num_warps:>5} {usage['REG']:>4} {usage['STACK']:>5} {len(body):>6} {count('PRMT'):>5} "
-              f"{count('IDP'):>5} {count('LDG'):>4} {count('SHFL'):>4} {len(body) / codes:>10.2f}")
+        print_row(compile_down_sm90(int_k, num_warps), int_k, num_warps, 16 * 512 / 32,
+                  out(f"nvfp4_down_{int_k}_{num_warps}"), bool(args.dump))
 
 
 if __name__ == "__main__":
