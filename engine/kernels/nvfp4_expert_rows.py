@@ -200,17 +200,23 @@ def routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I
                  GROUP_SCALES: tl.constexpr, xs=None, w=None, mask_w=None, ONE_STEP: tl.constexpr = False):
     """Routed expert j's down rows m against act[j]: (column partials, their scale weights[j] * global * 2^14).
     ONE_STEP: act[j]'s activations xs (words w) given (rows_step)."""
+    down, scales, glob = down_matrix(ids_ptr, words_ptr, bytes_ptr, j, row_words, dn_at, dn_scale_at, glob_at)
+    if ONE_STEP:
+        y, _ = rows_step(down, scales, down, scales, m, mask_m, I, xs, w, mask_w, False, BLOCK_G, MASKED, DECODE,
+                          GROUP_SCALES)
+    else:
+        y, _ = rows_part(down, scales, down, scales, m, mask_m, I, act_ptr + j * I, False, BLOCK_G, MASKED, DECODE,
+                          X_SPLIT, GROUP_SCALES)
+    g_down = tl.load(glob).to(tl.float32, bitcast=True) * 16384.0  # 2^14: the codes' scaling
+    return y, tl.load(wts_ptr + j).to(tl.float32) * g_down
+
+
+@triton.jit
+def down_matrix(ids_ptr, words_ptr, bytes_ptr, j, row_words, dn_at, dn_scale_at, glob_at):
+    """Routed expert j's down matrix: (its int32 words, its scale bytes, the word of its fp32 global)."""
     e = tl.load(ids_ptr + j).to(tl.int64)
     base = words_ptr + e * row_words
-    scales = bytes_ptr + e * row_words * 4 + dn_scale_at
-    if ONE_STEP:
-        y, _ = rows_step(base + dn_at, scales, base, scales, m, mask_m, I, xs, w, mask_w, False, BLOCK_G, MASKED,
-                          DECODE, GROUP_SCALES)
-    else:
-        y, _ = rows_part(base + dn_at, scales, base, scales, m, mask_m, I, act_ptr + j * I, False, BLOCK_G,
-                          MASKED, DECODE, X_SPLIT, GROUP_SCALES)
-    g_down = tl.load(base + glob_at + 2).to(tl.float32, bitcast=True) * 16384.0  # 2^14: the codes' scaling
-    return y, tl.load(wts_ptr + j).to(tl.float32) * g_down
+    return base + dn_at, bytes_ptr + e * row_words * 4 + dn_scale_at, base + glob_at + 2
 
 
 @triton.jit

@@ -25,7 +25,7 @@ from .nvfp4_triton import exact_out
 from .parts_norm import parts_norm_tail
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
-from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
+from .nvfp4_expert_rows import down_matrix, extra_down, routed_down, x_tiles
 from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs
 from . import nvfp4_int_experts
 from .nvfp4_int_dot import tables as int_tables
@@ -47,11 +47,10 @@ def _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I,
     if INT_K > 0:
         out = tl.zeros([BLOCK_M], dtype=tl.float32)
         if j < K_ROUTED:
-            e = tl.load(ids_ptr + j).to(tl.int64)
-            base = words_ptr + e * row_words
-            g_down = tl.load(base + glob_at + 2).to(tl.float32, bitcast=True)
-            out = down_rows_int(act_ptr + j * INT_K, base + dn_at, bytes_ptr + e * row_words * 4 + dn_scale_at,
-                                g_down, m, mask_m, tables_ptr, INT_K, BLOCK_M, INT_G, INT_DECODE)
+            down, scales, glob = down_matrix(ids_ptr, words_ptr, bytes_ptr, j, row_words, dn_at, dn_scale_at,
+                                             glob_at)
+            out = down_rows_int(act_ptr + j * INT_K, down, scales, tl.load(glob).to(tl.float32, bitcast=True), m,
+                                mask_m, tables_ptr, INT_K, BLOCK_M, INT_G, INT_DECODE)
             out = out * tl.load(wts_ptr + j).to(tl.float32)
         else:
             if HAS_EXTRA:
