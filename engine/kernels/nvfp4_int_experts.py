@@ -45,7 +45,7 @@ ON = True
 # blocks; the same tiles of 16 outputs, so the arrival counters and tile sums are the float kernel's.
 DOWN = False
 # Warps a program of 16 rows: 2 compile to 72 registers and 1,368 SASS instructions with the tile sums' tail (the
-# float rows: 96 and 1,960); 1 warp to 128 and 2,168, 4 to 40 and 1,032 (Triton 3.6.0, sm_90:
+# float rows: 96 and 1,952); 1 warp to 128 and 2,168, 4 to 40 and 1,032 (Triton 3.6.0, sm_90:
 # scripts/sass_nvfp4_int_dot.py).
 DOWN_WARPS = 2
 
