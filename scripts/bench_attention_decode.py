@@ -7,7 +7,10 @@ Each row: microseconds per call (a CUDA graph of --inner calls, each on its own 
 does not hold the pages between calls; median over --repeat replays), the KV bytes one call must read, GB/s,
 and the max difference to the CUDA-core output (0 means byte-equal). --triton: also the engine's Triton split-KV
 kernel (kernels/attention_decode.py) at its default launch config and at --configs (splits/stages/block_t/warps),
-over contiguous KV rows, its difference taken to the fp32 reference.
+over contiguous KV rows, its difference taken to the fp32 reference; and, at --apart configs, the fused step's two
+forms with the output gate: the in-launch merge + sigmoid_gate_mul ("merged+gate") against the partials + the
+merge in the gate's launch ("apart+merge", attention_merge.py, MERGE_APART), two launches each, each one's
+difference to the fp32 reference times the gate.
 
     python scripts/bench_attention_decode.py [--lengths 16384,120000]
     python scripts/bench_attention_decode.py --triton --no-flashinfer
@@ -43,6 +46,8 @@ def main() -> None:
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--configs", default="64/3/64/4,128/2/64/4,128/3/32/4,256/2/32/4,256/3/32/4,128/2/64/8,"
                                          "64/2/64/8,128/3/64/4,256/2/64/4,512/2/32/4")
+    ap.add_argument("--apart", default="64/3/64/4,128/3/64/4,128/3/32/4,32/3/64/4,256/2/32/4",
+                    help="splits/stages/block_t/warps of the two gated forms (with --triton; '' for none)")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"{'kv_len':>7} {'kernel':12} {'us/call':>8} {'MB':>7} {'GB/s':>7} {'max diff':>9}")
@@ -110,6 +115,38 @@ def triton_rows(kv_len: int, args, gen) -> None:
         diff = (out.float() - ref).abs().max().item()
         print(f"{kv_len:>7} {'triton ' + cfg:18} {us:8.1f} {mb:7.1f} {mb * 1e-3 / (us * 1e-6):7.0f} {diff:9.2e}",
               flush=True)
+    gate = torch.randn(HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16)
+    gated_ref = (ref.reshape(HEADS, HEAD_DIM).to(torch.bfloat16).float() * torch.sigmoid(gate).float()).reshape(1, -1)
+    for cfg in filter(None, args.apart.split(",")):
+        splits, stages, block_t, warps = (int(v) for v in cfg.split("/"))
+        for form, call in gated_forms(q, pos, gate, splits, stages, block_t, warps).items():
+            try:
+                out = call(caches[0])
+                us = 1e6 * graph_timed([lambda c=c: call(c) for c in caches], args.repeat, True)
+            except Exception as exc:  # a config that does not fit (shared memory): say so
+                print(f"{kv_len:>7} {form} {cfg}: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}")
+                continue
+            diff = (out.float().reshape(1, -1) - gated_ref).abs().max().item()
+            print(f"{kv_len:>7} {form + ' ' + cfg:18} {us:8.1f} {mb:7.1f} {mb * 1e-3 / (us * 1e-6):7.0f} "
+                  f"{diff:9.2e}", flush=True)
+
+
+def gated_forms(q, pos, gate, splits: int, stages: int, block_t: int, warps: int) -> dict:
+    """The fused step's attention + output gate, two launches each way: {name: call(kv cache) -> gated output}."""
+    from qwenlocal.engine.kernels.attention_decode import decode_attention, decode_attention_parts
+    from qwenlocal.engine.kernels.attention_merge import merge_gate
+    from qwenlocal.engine.kernels.decode_norm import sigmoid_gate_mul
+    from qwenlocal.engine.kernels.launch import new_counter
+
+    forms = {"apart+merge": lambda c: merge_gate(*decode_attention_parts(q, *c, pos, splits=splits, block_t=block_t,
+                                                                         num_warps=warps, num_stages=stages),
+                                                 gate, torch.bfloat16)}
+    if splits % 8 == 0:
+        counters = new_counter(q.device, KV_HEADS * (splits // 8 + 1))
+        forms["merged+gate"] = lambda c: sigmoid_gate_mul(
+            decode_attention(q, *c, pos, counters, splits=splits, group=8, block_t=block_t, num_warps=warps,
+                             num_stages=stages), gate)
+    return forms
 
 
 if __name__ == "__main__":

@@ -130,12 +130,14 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
             "guint": (nvfp4_int_experts, "ON"), "mixedfew": (gemv_mixed, "FEWEST_B_TILES"),
             "dnint": (nvfp4_int_experts, "DOWN"), "rq16": (router_norm, "QUANT_RECOMPUTE"),
-            "sharedearly": (shared_early, "ON")}
+            "sharedearly": (shared_early, "ON"), "routeint": (nvfp4_int_experts, "ROUTE"),
+            "attnmerge": (attention_decode, "MERGE_APART")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}
 # Launch parameters an arm may set as NAME=VALUE (an int), e.g. fused-pdl/gdnbv=8.
-VALUES = {"gdnbv": (gdn_decode, "BLOCK_V")}
+VALUES = {"gdnbv": (gdn_decode, "BLOCK_V"), "attnsplits": (attention_decode, "SPLITS"),
+          "attnbt": (attention_decode, "BLOCK_T")}
 VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES.items()}
 
 

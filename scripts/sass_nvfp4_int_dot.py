@@ -33,12 +33,24 @@ EXPERT_TYPES = {"pairs_ptr": "*i32", "xs_ptr": "*fp32", "tables_ptr": "*i32", "i
 EXPERT_CONFIGS = [(2, 1), (4, 1), (1, 1), (2, 2), (4, 2), (8, 4)]  # expert_gate_up's default: 2 rows x 4 warps
 
 
-def compile_experts_sm90(block_n: int, num_warps: int):
+ROUTE_TYPES = {"logits_ptr": "*bf16", "E": "i32", "wts_out_ptr": "*i16", "ids_out_ptr": "*i64",
+               "shared_out_ptr": "*fp32"}
+
+
+def compile_experts_sm90(block_n: int, num_warps: int, route: bool = False):
+    """expert_gate_up_int as the step launches it (8 routed + the shared expert); route: its programs routing
+    themselves from 256 experts' bf16 logits (nvfp4_int_experts.ROUTE)."""
     fn = nie.expert_gate_up_int_kernel
     sig = {name: EXPERT_TYPES.get(name, "constexpr") for name in fn.arg_names}
     for name in ("I", "row_words", "gu_scale_at", "glob_at"):
         sig[name] = "i32"
     consts = dict(H=K, K_ROUTED=8, HAS_EXTRA=True, BLOCK_N=block_n, BLOCK_G=K // 16, DECODE="asm", USE_GDC=True)
+    if route:
+        sig.update(ROUTE_TYPES)
+        consts.update(ROUTE=1, BLOCK_E=256, KP=8, F16=False, W_BF16=True)
+    else:
+        consts.update({name: None for name in ROUTE_TYPES if name != "E"}, E=0, ROUTE=0, BLOCK_E=32, KP=1, F16=False,
+                      W_BF16=True)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n].startswith("*") or n in ("I", "gu_scale_at")}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
@@ -103,6 +115,11 @@ def main() -> None:
     for block_n, num_warps in EXPERT_CONFIGS:
         print_row(compile_experts_sm90(block_n, num_warps), block_n, num_warps, 2 * block_n * K / 32,
                   out(f"nvfp4_int_experts_{block_n}_{num_warps}"), bool(args.dump))
+    print("\nthe same, its programs routing themselves (ROUTE: rank j of 256 bf16 logits, j rounds; program (0, 0) "
+          "also stores route_topk's outputs)")
+    for block_n, num_warps in EXPERT_CONFIGS[2:3]:
+        print_row(compile_experts_sm90(block_n, num_warps, route=True), block_n, num_warps, 2 * block_n * K / 32,
+                  out(f"nvfp4_int_experts_route_{block_n}_{num_warps}"), bool(args.dump))
     print("\nexperts' down (16 rows of I 512 a program with the tile sums' tail; INT_K 0: the float rows; the "
           "instructions include the tail's)")
     for int_k, num_warps in DOWN_CONFIGS:

@@ -22,9 +22,10 @@ def quantized_ckpt(tiny_ckpt, tmp_path_factory):
     return quantize_checkpoint(tiny_ckpt, tmp_path_factory.mktemp("fused-decode"))
 
 
-def _engine(ckpt, fused: bool, split: str = "off", **opts):
-    eng = Engine.from_pretrained(ckpt, device="cpu", options={"prefill_chunk": CHUNK, "expert_format": "nvfp4",
-                                                              "linear_format": "native", **opts})
+def _engine(ckpt, fused: bool, split: str = "off", dtype=None, **opts):
+    eng = Engine.from_pretrained(ckpt, device="cpu", dtype=dtype,
+                                 options={"prefill_chunk": CHUNK, "expert_format": "nvfp4", "linear_format": "native",
+                                          **opts})
     if fused:  # the CPU refuses decode_kernels=fused (too slow for users); the test drives the kernels anyway
         eng.model.kernels = dataclasses.replace(eng.model.kernels, fused_decode=True)
     if split != "off":  # the shared expert apart from the routed kernels (its GPU path beside the miss copy)

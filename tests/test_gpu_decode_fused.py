@@ -59,13 +59,14 @@ def test_programmatic_launch_is_on_and_gives_the_plain_launch_bytes():
 
 
 @pytest.mark.parametrize("switches", [("gemv_multi", "PERSISTENT"), ("gemv_multi", "WEIGHT_PREFETCH"),
-                                      ("router_norm", "QUANT_RECOMPUTE"),
+                                      ("router_norm", "QUANT_RECOMPUTE"), ("nvfp4_int_experts", "ROUTE"),
                                       ("nvfp4_experts_decode", "PERSISTENT"), ("router_gemv", "FUSED")])
 def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monkeypatch):
     """The A/B switches that change only how the work is spread or prefetched (persistent GEMV programs with the
     rows asked of L2 turns ahead, the weight prefetch before the PDL wait, persistent expert programs, the
-    router's top-k in its GEMV's last program) give the default step's logits byte for byte, through the graph,
-    190 steps, with programmatic launch."""
+    router's top-k in its GEMV's last program, the router's int16 blocks recomputed, the integer gate/up routing
+    itself) give the default step's logits byte for byte, through the graph, 190 steps, with programmatic
+    launch."""
     import importlib
 
     module, attr = switches
@@ -100,11 +101,13 @@ TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"
          "mixed": ("gemv_mixed", "MIXED"), "attn": ("attention_decode", "TRITON"),
          "routernorm": ("router_norm", "FUSED"), "mma": ("nvfp4_experts_mma", "FUSED"),
          "tilesums": ("parts_norm", "TILE_SUMS"), "guint": ("nvfp4_int_experts", "ON"),
-         "mixedfew": ("gemv_mixed", "FEWEST_B_TILES"), "dnint": ("nvfp4_int_experts", "DOWN")}
+         "mixedfew": ("gemv_mixed", "FEWEST_B_TILES"), "dnint": ("nvfp4_int_experts", "DOWN"),
+         "attnmerge": ("attention_decode", "MERGE_APART")}
 
 
 @pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "mma", "tilesums",
-                                   "guint", "mixedfew", "dnint", "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
+                                   "guint", "mixedfew", "dnint", "attnmerge",
+                                   "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
     next add + RMSNorm in the MoE down projection's launch), gdn_decode.NORM_SHIFT_TAIL (GDN's gated norm and
@@ -116,7 +119,8 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     on the tensor cores, its activations in fp16, its K split with a per-tile last-arrival sum): the same gate.
     parts_norm.TILE_SUMS (the next layer's input norm from the down launch's tile sums, applied by its first
     GEMV): the same gate. nvfp4_int_experts.ON (the experts' gate/up as integer dots, x in int16 blocks; the
-    default since session 19): the same gate."""
+    default since session 19): the same gate. attention_decode.MERGE_APART (the split-KV merge in the output
+    gate's launch, attention_merge.py): the same gate."""
     import importlib
 
     ref = "synthetic:small-nvfp4"

@@ -52,3 +52,47 @@ def test_the_bytes_do_not_depend_on_the_launchs_warps():
 def test_too_many_experts_for_16_bit_ids_is_refused():
     with pytest.raises(ValueError, match="16 bits"):
         route_topk(torch.zeros(70000, dtype=torch.bfloat16, device=DEVICE), 69999, 8, torch.bfloat16)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("with_shared", [True, False])
+@pytest.mark.parametrize("hidden, inter, experts, k", [(96, 48, 13, 5), (64, 32, 7, 7), (160, 80, 33, 8)])
+def test_the_integer_gate_up_routing_itself_is_route_topk_then_gate_up_byte_for_byte(hidden, inter, experts, k,
+                                                                                    traced, with_shared):
+    """expert_gate_up_int route= (nvfp4_int_experts.ROUTE): each routed program finds its expert from the logits;
+    the act, and the weights, ids and shared gate the down launch reads, are route_topk's + the launch given
+    ids, byte for byte; with a benchmark's trace the rows are the trace's and the outs still route_topk's."""
+    from qwenlocal.engine.kernels.nvfp4_int_experts import expert_gate_up_int
+    from test_kernels_nvfp4_experts_decode import _dev, _problem
+
+    x, _, _, rows, shared, _, _ = _dev(*_problem(hidden, inter, experts, list(range(k)), seed=experts + k,
+                                                  dtype=torch.bfloat16))
+    extra = shared[0] + shared[1] if with_shared else None
+    logits = _logits(experts, 3 * k, torch.bfloat16)
+    ref_w, ref_ids, ref_shared = route_topk(logits, experts, k, torch.bfloat16)
+    trace = torch.randint(0, experts, (1, k), generator=torch.Generator().manual_seed(k)).to(DEVICE)
+    block_n = 16
+    ref_act = expert_gate_up_int(x, trace if traced else ref_ids, rows, hidden, inter, extra, block_n=block_n)
+    outs = (torch.full((1, k), float("nan"), dtype=torch.bfloat16, device=DEVICE),
+            torch.full((1, k), -1, dtype=torch.int64, device=DEVICE), torch.full((1,), float("nan"), device=DEVICE))
+    act = expert_gate_up_int(x, trace if traced else None, rows, hidden, inter, extra, block_n=block_n,
+                             route=(logits, experts, *outs))
+    assert torch.equal(act, ref_act)
+    assert torch.equal(outs[0], ref_w) and torch.equal(outs[1], ref_ids) and torch.equal(outs[2], ref_shared)
+
+
+def test_the_integer_gate_up_refuses_a_route_it_cannot_rank():
+    from qwenlocal.engine.kernels.nvfp4_int_experts import expert_gate_up_int
+    from test_kernels_nvfp4_experts_decode import _dev, _problem
+
+    x, _, _, rows, _, _, _ = _dev(*_problem(64, 32, 7, [0, 1], seed=1, dtype=torch.bfloat16))
+    outs = (torch.empty(1, 2, dtype=torch.bfloat16, device=DEVICE), torch.empty(1, 2, dtype=torch.int64, device=DEVICE),
+            torch.empty(1, device=DEVICE))
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        expert_gate_up_int(x, None, rows, 64, 32, route=(_logits(7, 1, torch.float32), 7, *outs))
+    with pytest.raises(ValueError, match="trace's ids"):
+        expert_gate_up_int(x, torch.zeros(1, 3, dtype=torch.int64, device=DEVICE), rows, 64, 32,
+                           route=(_logits(7, 1, torch.bfloat16), 7, *outs))
+    with pytest.raises(ValueError, match="outs must be"):
+        expert_gate_up_int(x, None, rows, 64, 32, route=(_logits(7, 1, torch.bfloat16), 7, outs[0],
+                                                         outs[1].int(), outs[2]))

@@ -31,6 +31,10 @@ TRITON = True  # on: won the paired GPU A/B (docs/RESULTS.md session 10)
 SPLITS = 64  # per KV head: 2 heads x 64 ~ one program an SM of an H200
 GROUP = 8  # splits merged by one program first, then the groups by one program
 BLOCK_T = 64  # positions a step of a program's loop
+# The merge left to the output gate's launch (attention_merge.py: decode_attention_parts, then merge_gate): no
+# last-to-arrive tails in this launch and no sigmoid_gate_mul. Off until its GPU A/B (profile_decode arm
+# "attnmerge"); SPLITS (arm value "attnsplits") may then be any power of 2, the merge being one load a program.
+MERGE_APART = False
 
 
 @triton.jit
@@ -65,11 +69,13 @@ def _store_partial(dst_acc, dst_ml, acc, m, l, G: tl.constexpr, D: tl.constexpr,
 def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, part_acc, part_ml, grp_acc, grp_ml, counters_ptr,
                             scale, KVH, G: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr,
                             GROUP: tl.constexpr, BLOCK_T: tl.constexpr, OUT_BF16: tl.constexpr,
-                            FENCE: tl.constexpr, DOT_F32: tl.constexpr = False, USE_GDC: tl.constexpr = False):
+                            FENCE: tl.constexpr, DOT_F32: tl.constexpr = False, USE_GDC: tl.constexpr = False,
+                            MERGE: tl.constexpr = True):
     """Program (h, s). part_*: [KVH, SPLITS, G, ...]; grp_*: [KVH, SPLITS / GROUP, G, ...]; counters: [KVH *
     (SPLITS / GROUP)] per group, then [KVH] per head, all 0 between launches. DOT_F32: the dots' operands
     in fp32 (Triton's interpreter, whose dot of bf16 operands is not the GPU's); else in the KV's dtype, p
-    rounded to it (FlashAttention's choice), fp32 sums."""
+    rounded to it (FlashAttention's choice), fp32 sums. MERGE False: the partials only (attention_merge.py merges
+    them in the output gate's launch; no counters, no fence)."""
     gdc_prologue(USE_GDC)  # PDL: the step's q, k and v are read only after this
     h = tl.program_id(0)
     s = tl.program_id(1)
@@ -108,16 +114,17 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, part_acc, par
         m = m_new
     part = (h * SPLITS + s) * G
     _store_partial(part_acc + part * D, part_ml + part * 2, acc, m, l, G, D, GP)
-    grp = s // GROUP
-    if last_to_arrive(counters_ptr + h * NG + grp, GROUP, FENCE):
-        first = (h * SPLITS + grp * GROUP) * G
-        acc, m, l = _merge(part_acc + first * D, part_ml + first * 2, GROUP, G, D, GP)
-        at = (h * NG + grp) * G
-        _store_partial(grp_acc + at * D, grp_ml + at * 2, acc, m, l, G, D, GP)
-        if last_to_arrive(counters_ptr + KVH * NG + h, NG, FENCE):
-            acc, m, l = _merge(grp_acc + h * NG * G * D, grp_ml + h * NG * G * 2, NG, G, D, GP)
-            o = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-            _store_exact(out_ptr + (h * G + g)[:, None] * D + d[None, :], o, gm[:, None], OUT_BF16)
+    if MERGE:  # else the partials only (attention_merge.py)
+        grp = s // GROUP
+        if last_to_arrive(counters_ptr + h * NG + grp, GROUP, FENCE):
+            first = (h * SPLITS + grp * GROUP) * G
+            acc, m, l = _merge(part_acc + first * D, part_ml + first * 2, GROUP, G, D, GP)
+            at = (h * NG + grp) * G
+            _store_partial(grp_acc + at * D, grp_ml + at * 2, acc, m, l, G, D, GP)
+            if last_to_arrive(counters_ptr + KVH * NG + h, NG, FENCE):
+                acc, m, l = _merge(grp_acc + h * NG * G * D, grp_ml + h * NG * G * 2, NG, G, D, GP)
+                o = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+                _store_exact(out_ptr + (h * G + g)[:, None] * D + d[None, :], o, gm[:, None], OUT_BF16)
 
 
 def decode_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, position: torch.Tensor,
@@ -154,6 +161,38 @@ def decode_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
         DOT_F32=dev.type != "cuda" or q.dtype == torch.float32,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev))  # 3 stages: 141 KB of smem at D 256
     return out
+
+
+def decode_attention_parts(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, position: torch.Tensor, *,
+                           splits: int | None = None, block_t: int | None = None, num_warps: int = 4,
+                           num_stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """decode_attention's split partials without its merge (the kernel's MERGE off): (acc fp32 [kv heads, splits,
+    G, D], ml fp32 [kv heads, splits, G, 2]) with G = heads / kv heads; acc unnormalised, ml = (running max,
+    sum) of each split's run of positions (an empty run: -inf, 0). attention_merge.merge_gate finishes them.
+    splits: a power of 2 (None: SPLITS); block_t (None: BLOCK_T), read at the call (profile_decode's arm values).
+    Under the H200's Triton 3.6.0 (sm_90) the launch compiles to 162 registers and 1,392 instructions at the
+    default 64 splits / 64 positions a step / 3 stages, against 230 and 2,408 with the merge; at 128 / 32 / 3 to
+    128 registers and 74 KB of shared memory (three programs an SM)."""
+    heads, d = q.shape[-2:]
+    rows, kvh, dk = k_rows.shape
+    splits = SPLITS if splits is None else splits
+    block_t = BLOCK_T if block_t is None else block_t
+    contiguous = k_rows.is_contiguous() and v_rows.is_contiguous()
+    if dk != d or v_rows.shape != k_rows.shape or heads % kvh or not contiguous:
+        raise ValueError(f"k_rows / v_rows must be contiguous [rows, kv_heads, {d}] alike with heads {heads} a "
+                         f"multiple of kv_heads, got {tuple(k_rows.shape)} and {tuple(v_rows.shape)}")
+    if d & (d - 1) or d < 16 or splits & (splits - 1) or block_t & (block_t - 1) or block_t < 16:
+        raise ValueError(f"head_dim {d} must be a power of 2 >= 16, splits {splits} a power of 2, block_t {block_t} "
+                         f"a power of 2 >= 16")
+    g = heads // kvh
+    f32 = dict(device=q.device, dtype=torch.float32)
+    acc, ml = torch.empty(kvh, splits, g, d, **f32), torch.empty(kvh, splits, g, 2, **f32)
+    decode_attention_kernel[(kvh, splits)](
+        q.reshape(heads, d).contiguous(), k_rows, v_rows, position, acc, acc, ml, acc, ml, position, d ** -0.5, kvh,
+        G=g, D=d, GP=max(16, triton.next_power_of_2(g)), SPLITS=splits, GROUP=splits, BLOCK_T=block_t,
+        OUT_BF16=False, FENCE=False, DOT_F32=q.device.type != "cuda" or q.dtype == torch.float32, MERGE=False,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(q.device))
+    return acc, ml
 
 
 def decode_attention_reference(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, position: int):

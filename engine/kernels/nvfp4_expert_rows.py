@@ -47,10 +47,14 @@ def e4m3(bits, DECODE: tl.constexpr):
 
 @triton.jit
 def gate_up_pointers(ids_ptr, words_ptr, bytes_ptr, H, I, row_words, gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w,
-                     xu_s, xu_g, j, K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr):
-    """Expert j's gate and up matrices (j = 0..k-1 routed: row ids[j]; j = k with HAS_EXTRA: the shared expert's
-    own tensors): (gate words, up words, gate scale bytes, up scale bytes, gate global, up global)."""
-    if K_ROUTED > 0:
+                     xu_s, xu_g, j, K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, e_routed=None,
+                     ROUTED: tl.constexpr = False):
+    """Expert j's gate and up matrices (j = 0..k-1 routed: row ids[j], or e_routed where ROUTED (the program
+    found it itself); j = k with HAS_EXTRA: the shared expert's own tensors): (gate words, up words, gate scale
+    bytes, up scale bytes, gate global, up global)."""
+    if ROUTED:
+        e = e_routed
+    elif K_ROUTED > 0:
         e = tl.load(ids_ptr + tl.minimum(j, K_ROUTED - 1)).to(tl.int64)
     else:  # the shared expert alone (no ids to read): row 0's pointers stand in until replaced below
         e = tl.zeros([], dtype=tl.int64)

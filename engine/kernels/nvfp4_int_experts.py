@@ -32,6 +32,8 @@ from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
 from .nvfp4_int_dot import (_block_scale, gemv_int_reference, pair_operands, quantize_x16, rows_dot, tables,
                             x_pair_tiles)
+from .nvfp4_triton import exact_out
+from .route_keys import MAX_EXPERTS, route_rank_key, store_route
 from ..quant.nvfp4_rows import unpack_nvfp4_expert
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_int, x quantized by the router's launch
@@ -48,22 +50,45 @@ DOWN = False
 # float rows: 96 and 1,952); 1 warp to 128 and 2,168, 4 to 40 and 1,032 (Triton 3.6.0, sm_90:
 # scripts/sass_nvfp4_int_dot.py).
 DOWN_WARPS = 2
+# The routed gate/up programs find their own experts from the router's 16-bit logits (expert_gate_up_int route=)
+# where the experts are resident (no slot map to ensure first): no route_topk launch (decode_fused.routes_itself).
+# Leaving route_topk out made the step 0.938x (the drop-route ceiling, docs/RESULTS.md session 15); the same
+# search in expert_gate_up's 4-warp programs cost them 2.1 us (a cross-warp max and a barrier a round: routeup,
+# neutral, removed). At one warp a program a round is one REDUX. The same bytes as route_topk + the gate/up.
+# Off until its GPU A/B (profile_decode arm "routeint").
+ROUTE = False
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
 def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr, bytes_ptr, act_ptr, I, row_words,
                               gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, H: tl.constexpr,
                               K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr,
-                              BLOCK_G: tl.constexpr, DECODE: tl.constexpr, USE_GDC: tl.constexpr = False):
-    """Program (j, t): expert j (0..k-1 routed, k the extra one), rows t * BLOCK_N ... of its gate and up."""
+                              BLOCK_G: tl.constexpr, DECODE: tl.constexpr, USE_GDC: tl.constexpr = False,
+                              logits_ptr=None, E=0, wts_out_ptr=None, ids_out_ptr=None, shared_out_ptr=None,
+                              ROUTE: tl.constexpr = 0, BLOCK_E: tl.constexpr = 32, KP: tl.constexpr = 1,
+                              F16: tl.constexpr = False, W_BF16: tl.constexpr = True):
+    """Program (j, t): expert j (0..k-1 routed, k the extra one), rows t * BLOCK_N ... of its gate and up.
+    ROUTE: each routed program finds its expert, rank j of the router's 16-bit logits (route_keys.py), instead of
+    reading ids[j], and program (0, 0) stores route_topk's outputs for the down launch (weights, ids, the shared
+    gate's sigmoid); ROUTE 2 (a benchmark's routing trace): the rows are ids[j], the trace's, and the rank is
+    still found, so that the launch does a user's work."""
     gdc_prologue(USE_GDC)  # PDL: x's pairs and the ids are the previous kernels' outputs
     j = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = n < I
     rows = n.to(tl.int64)
+    e_routed = tl.zeros([], dtype=tl.int64)
+    if ROUTE > 0:
+        if j < K_ROUTED:
+            key = route_rank_key(logits_ptr, E, j, BLOCK_E)
+            e_routed = (0xFFFF - (key & 0xFFFF)).to(tl.int64)
+            if ROUTE == 2:  # the trace's row; the rank stays live (a key is never -2^31 + 1)
+                e_routed = tl.where(key == -2147483647, e_routed, tl.load(ids_ptr + j).to(tl.int64))
+        if j + tl.program_id(1) == 0:
+            store_route(logits_ptr, wts_out_ptr, ids_out_ptr, shared_out_ptr, E, K_ROUTED, KP, BLOCK_E, F16, W_BF16)
     gate_w, up_w, gate_s, up_s, g_gate, g_up = gate_up_pointers(
         ids_ptr, words_ptr, bytes_ptr, H, I, row_words, gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j,
-        K_ROUTED, HAS_EXTRA)
+        K_ROUTED, HAS_EXTRA, e_routed, ROUTE > 0)
     p0, p1, p2, p3, tp0, tn0, xs = x_pair_tiles(pairs_ptr, xs_ptr, tables_ptr, H, BLOCK_N, BLOCK_G)
     gate = rows_dot(gate_w, gate_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
     up = rows_dot(up_w, up_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
@@ -99,18 +124,26 @@ def down_rows_int(v_ptr, w, s, g, m, mask_m, tables_ptr, K: tl.constexpr, BLOCK_
     return rows_dot(w, s, m.to(tl.int64), mask_m, p0, p1, p2, p3, tp0, tn0, xs, K, BLOCK_G, DECODE) * (g * 0.5)
 
 
-def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
+def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Tensor, hidden: int, inter: int,
                        extra: tuple | None = None, out: torch.Tensor | None = None, *, xq: tuple | None = None,
-                       block_n: int | None = None, num_warps: int = 1, decode: str | None = None) -> torch.Tensor:
+                       block_n: int | None = None, num_warps: int = 1, decode: str | None = None,
+                       route: tuple | None = None) -> torch.Tensor:
     """expert_gate_up's act fp32 [k (+1), I] (its arguments, see there) through integer dots. xq: x already
     quantized (quantize_x16's (pairs, scales)); None: quantized here, one more launch. block_n (None: 1 row
     on a GPU, at one warp: the fastest of five alone on the H200, 7.93 us against expert_gate_up's 9.26, docs/
-    RESULTS.md session 19; in the interpreter, whose time goes by programs, whole experts)."""
+    RESULTS.md session 19; in the interpreter, whose time goes by programs, whole experts).
+    route = (logits [E + 1] bf16/fp16, E, weights_out [1, k], ids_out [1, k] int64, shared_out [1] fp32): the
+    routed programs find their experts (the kernel's ROUTE) from the router + shared-gate logits, and the launch
+    fills the outs as route_topk would, byte for byte; ids is then None, or a benchmark trace's ids [1, k] (the
+    rows from the trace, the rank still found)."""
     if block_n is None:
         block_n = 1 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     words = _check(rows, hidden, inter)
     if hidden % 16:
         raise ValueError(f"hidden must be a multiple of 16, got {hidden}")
+    route_args, route_consts = _route_launch(route, ids)
+    if route is not None:
+        ids = ids if ids is not None else route[3]
     k = ids.shape[-1]
     n = k + (extra is not None)
     pairs, xs = xq if xq is not None else quantize_x16(x.reshape(-1))
@@ -128,8 +161,33 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, h
         pairs, xs, tables(rows.device), ids.reshape(-1).contiguous(), words, rows, out, inter, words.stride(0),
         off["gu_scale_at"], off["glob_at"], *gate, *up, H=hidden, K_ROUTED=k, HAS_EXTRA=extra is not None,
         BLOCK_N=block_n, BLOCK_G=triton.next_power_of_2(hidden // 16),
-        DECODE=decode or ("asm" if rows.is_cuda else "plain"), num_warps=num_warps, **pdl_launch(rows.device))
+        DECODE=decode or ("asm" if rows.is_cuda else "plain"), num_warps=num_warps, **route_args, **route_consts,
+        **pdl_launch(rows.device))
     return out
+
+
+def _route_launch(route: tuple | None, trace_ids: torch.Tensor | None) -> tuple[dict, dict]:
+    """expert_gate_up_int's route= as the kernel's keyword arguments and constants (none where route is None)."""
+    if route is None:
+        return {}, {}
+    logits, experts, weights, ids, shared = route
+    flat = logits.reshape(-1)
+    k = ids.shape[-1]
+    if flat.dtype not in (torch.bfloat16, torch.float16) or flat.numel() != experts + 1 or not flat.is_contiguous():
+        raise ValueError(f"route's logits must be {experts} + 1 contiguous bf16/fp16 entries, got "
+                         f"{tuple(logits.shape)} {flat.dtype}")
+    if not 1 <= k <= experts or experts > MAX_EXPERTS:
+        raise ValueError(f"route needs 1 <= top_k {k} <= experts {experts} <= {MAX_EXPERTS}")
+    if (ids.dtype != torch.int64 or ids.shape != (1, k) or weights.shape != (1, k) or shared.numel() != 1
+            or shared.dtype != torch.float32):
+        raise ValueError("route's outs must be (weights [1, k], ids [1, k] int64, shared_scale [1] fp32)")
+    if trace_ids is not None and trace_ids.shape[-1] != k:
+        raise ValueError(f"the trace's ids must be [1, {k}] like route's, got {tuple(trace_ids.shape)}")
+    args = dict(logits_ptr=flat, E=experts, wts_out_ptr=exact_out(weights), ids_out_ptr=ids, shared_out_ptr=shared)
+    consts = dict(ROUTE=2 if trace_ids is not None else 1, BLOCK_E=triton.next_power_of_2(experts),
+                  KP=triton.next_power_of_2(k), F16=flat.dtype == torch.float16,
+                  W_BF16=weights.dtype == torch.bfloat16)
+    return args, consts
 
 
 def expert_gate_up_int_reference(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,

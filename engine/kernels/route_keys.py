@@ -9,6 +9,9 @@ and, among equal ones, the lowest id (route_topk's order; torch.topk's where the
 The weights: e_r = exp(l_r - l_0) added in rank order as scalars, then e_r / sum (softmax's denominator cancels
 in the renormalisation; an ulp from the fp32 form's at most). Scalar and elementwise arithmetic only, and
 integer maxima, so the bytes do not depend on the launch's warps. Logits must be finite, bf16 or fp16.
+route_rank_key: one rank's key alone, for a program that needs only its own expert (the integer gate/up's, where
+it routes itself: nvfp4_int_experts.ROUTE). In a one-warp program a round is a REDUX.MAX.S32 and a few integer
+min/max, compares and selects (sm_90 SASS, Triton 3.6.0): no shared memory, no barrier.
 Reference: route_topk_reference (decode_router.py); tests/test_kernels_route_keys.py.
 """
 from __future__ import annotations
@@ -45,6 +48,16 @@ def _value(key, F16: tl.constexpr):
 @triton.jit
 def _id(key):
     return 0xFFFF - (key & 0xFFFF)
+
+
+@triton.jit
+def route_rank_key(logits_ptr, E, j, BLOCK_E: tl.constexpr):
+    """The key of rank j (0-based, a runtime index) of logits[0..E-1]: j rounds of removing the max, then the
+    max; _id(key) is the expert, route_weights' ids[j] (the same keys and integer maxima)."""
+    keys = _keys(logits_ptr, E, BLOCK_E)
+    for _ in range(j):
+        keys = tl.where(keys == tl.max(keys, axis=0), NONE, keys)
+    return tl.max(keys, axis=0)
 
 
 @triton.jit

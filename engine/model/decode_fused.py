@@ -42,6 +42,7 @@ from ..kernels import nvfp4_experts_mma
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import gemv_mixed, gemv_norm, nvfp4_int_dot, nvfp4_int_experts, parts_norm, router_gemv, router_norm
 from . import shared_early
+from ..kernels.attention_merge import merge_gate
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, route_topk, sigmoid_gate_mul
 from ..kernels.gdn_decode import gdn_decode_step
@@ -50,8 +51,10 @@ from ..kernels.launch import new_counter, programmatic_launch
 from ..kernels.nvfp4_experts_decode import expert_gate_up, nvfp4_triples
 from ..kernels.nvfp4_experts_parts import expert_down_parts
 from ..kernels.nvfp4_experts_parts import BLOCK_M as PARTS_BLOCK_M
+from ..kernels.route_keys import MAX_EXPERTS
 from ..quant.linear import QuantLinear
 from ..quant.scheme import NVFP4
+from .moe import ResidentExperts
 from .ops import swiglu
 
 if TYPE_CHECKING:
@@ -166,10 +169,15 @@ def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.
                                        a.num_heads, a.num_kv_heads, a.head_dim, a.rotary_dim, a.rope_theta,
                                        inv_freq=mixer.inv_freq, kv_cache=rows,
                                        dtype=rows[0].dtype if rows is not None else None)
+    if rows is not None and attention_decode_mod.TRITON and attention_decode_mod.MERGE_APART:
+        # the partials only, merged in the output gate's launch (attention_merge.py)
+        acc, ml = attention_decode_mod.decode_attention_parts(q, *rows, positions)
+        return merge_gate(acc, ml, gate, q.dtype)
     if rows is not None and attention_decode_mod.TRITON:  # split KV merged in the launch (attention_decode.py)
         groups = attention_decode_mod.SPLITS // attention_decode_mod.GROUP
         counters = _counters(mixer, "attn_counters", h.device, a.num_kv_heads * (groups + 1))
-        out = attention_decode_mod.decode_attention(q, *rows, positions, counters).reshape(1, -1)
+        out = attention_decode_mod.decode_attention(q, *rows, positions, counters, splits=attention_decode_mod.SPLITS,
+                                                    block_t=attention_decode_mod.BLOCK_T).reshape(1, -1)
     elif rows is not None:
         out = backend.attend_written(kv, q.view(1, *q.shape)).reshape(1, -1)
     else:
@@ -231,10 +239,12 @@ def router_takes_the_norm(moe: "SparseMoE", x: torch.Tensor) -> bool:
 
 
 def _route_with_norm(moe: "SparseMoE", pending: tuple):
-    """(weights, ids, shared_scale, new_x, normed, xq, aside): pending = (x, mixer delta, post_norm, eps) normed
-    by the router's programs, then route_topk's tail on their logits; xq: the normed row's int16 blocks where the
-    experts' gate/up takes them (_int_gate_up), else None; aside: the shared expert's gate/up forked between the
-    two launches (shared_early), else None."""
+    """(weights, ids, shared_scale, new_x, normed, xq, aside, route): pending = (x, mixer delta, post_norm, eps)
+    normed by the router's programs, then route_topk's tail on their logits; xq: the normed row's int16 blocks
+    where the experts' gate/up takes them (_int_gate_up), else None; aside: the shared expert's gate/up forked
+    between the two launches (shared_early), else None; route: expert_gate_up_int's route= where its programs
+    route themselves (routes_itself: weights, ids and shared_scale are then the empty tensors it fills), else
+    None."""
     quantize = _int_gate_up(moe)
     out = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate, quantize=quantize)
     new_x, h, router_logits = out[:3]
@@ -245,14 +255,30 @@ def _route_with_norm(moe: "SparseMoE", pending: tuple):
         aside = shared_early.start(moe, h, xq, gate + up, moe.experts.decode_bank())
     try:
         if "route" in DROP:
-            return (*_dropped_route(moe, h), new_x, h, xq, aside)
+            return (*_dropped_route(moe, h), new_x, h, xq, aside, None)
+        if routes_itself(moe, router_logits):  # the gate/up launch fills route_topk's outputs
+            k = moe.top_k
+            weights = torch.empty(1, k, device=h.device, dtype=h.dtype)
+            ids = torch.empty(1, k, device=h.device, dtype=torch.int64)
+            shared_scale = torch.empty(1, device=h.device, dtype=torch.float32)
+            route = (router_logits.reshape(-1), moe.router_w.shape[0], weights, ids, shared_scale)
+            return weights, ids, shared_scale, new_x, h, xq, aside, route
         weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k,
                                                 h.dtype)
     except BaseException:
         if aside is not None:  # no side work outlives its layer
             aside.join()
         raise
-    return weights, ids, shared_scale, new_x, h, xq, aside
+    return weights, ids, shared_scale, new_x, h, xq, aside, None
+
+
+def routes_itself(moe: "SparseMoE", logits: torch.Tensor) -> bool:
+    """The integer gate/up's programs find their own experts from the router's logits (nvfp4_int_experts.ROUTE;
+    no route_topk launch): the experts resident (no slot map to ensure first), the integer gate/up with the
+    shared expert in the experts' kernels, the overlap's split off, 16-bit logits."""
+    return (nvfp4_int_experts.ROUTE and isinstance(moe.experts, ResidentExperts) and _int_gate_up(moe)
+            and _nvfp4_shared(moe) and moe.overlap.split == "off"
+            and logits.dtype in (torch.bfloat16, torch.float16) and moe.router_w.shape[0] <= MAX_EXPERTS)
 
 
 def _int_gate_up(moe: "SparseMoE") -> bool:
@@ -270,12 +296,12 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor
     result is (new_x, the above), next_norm's x replaced by new_x. defer_norm (next_norm is a next layer's
     input norm, parts_norm.TILE_SUMS on, an NVFP4 parts launch): (new_x, DeferredNorm) instead of (new_x, normed)."""
     if pending is not None:
-        weights, ids, shared_scale, new_x, h, xq, aside = _route_with_norm(moe, pending)
+        weights, ids, shared_scale, new_x, h, xq, aside, route = _route_with_norm(moe, pending)
         if next_norm is not None:
             next_norm = (new_x, *next_norm[1:])
         try:
             return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm, xq,
-                                           aside)
+                                           aside, route)
         finally:  # no side work outlives its layer (joined before the down launch already; once)
             if aside is not None:
                 aside.join()
@@ -284,11 +310,17 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor
 
 
 def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra, site: str,
-             xq: tuple | None = None, out: torch.Tensor | None = None):
+             xq: tuple | None = None, out: torch.Tensor | None = None, route: tuple | None = None,
+             trace_ids: torch.Tensor | None = None):
     """expert_gate_up's act: as integer dots where xq (h's int16 blocks, _int_gate_up) is given; on the tensor
     cores where nvfp4_experts_mma.FUSED and the layer allows it (K in whole split steps; its input norm's
     outputs fit fp16: moe.mma_ok, set by forward on an eager step). site: the call site's arrival counters on
-    moe (one set a launch site: serial, shared apart, routed). out: where the integer path writes act."""
+    moe (one set a launch site: serial, shared apart, routed). out: where the integer path writes act. route:
+    the integer launch's programs route themselves (routes_itself; ids are then route's, filled by it), with a
+    benchmark's trace_ids as their rows where given."""
+    if route is not None:
+        return nvfp4_int_experts.expert_gate_up_int(h, trace_ids, rows, moe.hidden, moe.inter, extra, out=out, xq=xq,
+                                                    route=route)
     if xq is not None:
         return nvfp4_int_experts.expert_gate_up_int(h, ids, rows, moe.hidden, moe.inter, extra, out=out, xq=xq)
     cfg = nvfp4_experts_mma.CONFIG
@@ -302,11 +334,12 @@ def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.T
 
 
 def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_scale, trace_ids, next_norm,
-                     defer_norm: bool = False, xq: tuple | None = None, aside=None):
+                     defer_norm: bool = False, xq: tuple | None = None, aside=None, route: tuple | None = None):
     """moe_decode after the router: the experts (and the shared one) of this token. xq: h's int16 blocks where
     the router's launch made them (the integer gate/up; made here otherwise). aside: the shared expert's act
     being made on a side stream (shared_early): the routed gate/up writes the other rows, the down launch
-    waits for it."""
+    waits for it. route: the gate/up launch routes itself (routes_itself), filling weights, ids and
+    shared_scale before the down launch reads them."""
     sums = _sums_tail(moe, next_norm, moe.hidden) if defer_norm else None
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
@@ -323,10 +356,12 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
             copy()
             if aside is not None:
                 act = aside.act
-                _gate_up(moe, h, slots, rows, None, "mma_counters_routed", xq, out=act[:slots.shape[-1]])
+                _gate_up(moe, h, slots, rows, None, "mma_counters_routed", xq, out=act[:slots.shape[-1]], route=route,
+                         trace_ids=trace_ids)
                 aside.join()
             else:
-                act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters", xq)
+                act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters", xq, route=route,
+                               trace_ids=trace_ids)
             if sums is not None:  # the next norm left to the next layer's first GEMV
                 return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                                    extra_scale=shared_scale, sums=sums), next_norm)
