@@ -15,8 +15,9 @@ persistent programs taking tiles in turn, rows asked of L2 turns ahead), "fp8cvt
 hardware conversion; exact, the sums in another order), "experts" (the NVFP4 expert kernels' persistent
 programs, x loaded once a program), e.g. fused-pdl/persistent+prefetch; the other switches are SWITCHES below
 ("no-NAME" turns a default one off), or NAME=INT for a launch parameter in VALUES (gdnbv=8: gdn_step's V columns
-a program). "drop-route" / "drop-prenorm" are ceilings, not results: the router's top-k
-launch or the pre-mixer add + RMSNorm left out of the step (decode_fused.DROP; its bytes are then wrong).
+a program). "drop-route" / "drop-prenorm" / "drop-normshift" / "drop-prologue" are ceilings, not results: the
+router's top-k launch, the pre-mixer add + RMSNorm, GDN's gated norm + conv shift or the attention's q/k norm +
+RoPE + KV write left out of the step (decode_fused.DROP; its bytes are then wrong).
 With --json PATH, the same figures as JSON.
 
     python scripts/profile_decode.py --model synthetic:qwen3.6-35b-a3b-nvfp4 --context 16384 [--vram-budget 16GiB]

@@ -178,7 +178,7 @@ def test_the_tensor_core_expert_gate_up_in_the_step_matches_the_unfused_step(qua
 
 
 
-@pytest.mark.parametrize("what", ["route", "prenorm"])
+@pytest.mark.parametrize("what", ["route", "prenorm", "normshift", "prologue"])
 def test_a_dropped_launch_of_the_profile_ceilings_changes_the_step(quantized_ckpt, monkeypatch, what):
     """decode_fused.DROP (scripts/profile_decode.py's drop-X arms, a ceiling of what removing a launch gives):
     the step still runs, and its logits change (the launch really is left out)."""

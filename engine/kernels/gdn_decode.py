@@ -247,7 +247,7 @@ def gdn_decode_step(
     conv_w: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, norm_w: torch.Tensor,
     eps: float, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, out: torch.Tensor | None = None, *,
     one_launch: bool | None = None, block_v: int | None = None, num_warps: int | None = None,
-    norm_warps: int | None = None, counters: torch.Tensor | None = None,
+    norm_warps: int | None = None, counters: torch.Tensor | None = None, norm_shift: bool = True,
 ) -> torch.Tensor:
     """One decode token: mixed_qkv [conv_dim], z [Hv*V], b, a [Hv] (compute dtype or fp32; unit-stride views
     are fine) -> out [Hv*V] in the compute dtype (= conv_state.dtype). Updates conv_state [conv_dim, W-1] and
@@ -255,7 +255,9 @@ def gdn_decode_step(
     dt_bias [Hv]; norm_w [V]. No host syncs (CUDA-graph safe). Launch keywords default to default_config.
     counters (launch.new_counter(device, Hv + Hk)): with the two-launch plan, the norm and the shift as the
     step kernel's tail (one launch; the same bytes in the interpreter, the norm's sum by the step's warps on a
-    GPU) instead of gdn_norm_shift_kernel."""
+    GPU) instead of gdn_norm_shift_kernel. norm_shift=False (diagnostics only: decode_fused.DROP's
+    "normshift" ceiling): the two-launch plan's step kernel alone, its unnormed o returned, the conv state not
+    shifted (wrong bytes)."""
     hk, hv, kd, vd = num_k_heads, num_v_heads, k_dim, v_dim
     key_dim, dtype = hk * kd, conv_state.dtype
     conv_dim = 2 * key_dim + hv * vd
@@ -297,6 +299,8 @@ def gdn_decode_step(
         **pdl_launch(state.device))
     if counters is not None:
         return out
+    if not norm_shift:
+        return o
     ch_per = triton.cdiv(conv_dim, hv)
     gdn_norm_shift_kernel[(hv,)](
         qkv, z, o, norm_w, out, conv_state, conv_state.stride(0), conv_dim, vd, ch_per, eps,

@@ -65,9 +65,10 @@ if TYPE_CHECKING:
     from .qwen3_5_moe import Qwen35MoeModel
 
 
-# Diagnostics only (scripts/profile_decode.py arms "drop-route", "drop-prenorm"): launches left out of the step to
-# measure what removing them could give at most (the router's top-k tail; the pre-mixer add + RMSNorm). The
-# step's bytes are then wrong; the engine never sets it.
+# Diagnostics only (scripts/profile_decode.py arms "drop-route", "drop-prenorm", "drop-normshift",
+# "drop-prologue"): launches left out of the step to measure what removing them could give at most (the router's
+# top-k tail; the pre-mixer add + RMSNorm; GDN's gated norm and conv shift, its unnormed output going on; the
+# attention's q/k norm + RoPE + KV write, zeros for q). The step's bytes are then wrong; the engine never sets it.
 DROP: frozenset = frozenset()
 
 
@@ -151,7 +152,8 @@ def gdn_decode(mixer: "GatedDeltaNet", h: torch.Tensor, state: "SequenceState") 
         counters = _counters(mixer, "step_counters", h.device, c.num_value_heads + c.num_key_heads)
     out = gdn_decode_step(qkv[0], z[0], b[0], a[0], state.conv[mixer.layer], mixer.conv_w, mixer.neg_a,
                           mixer.dt_bias, state.recurrent[mixer.layer], mixer.norm_w, mixer.eps,
-                          c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim, counters=counters)
+                          c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim, counters=counters,
+                          norm_shift="normshift" not in DROP)
     return out.view(1, -1)
 
 
@@ -165,10 +167,17 @@ def attention_decode(mixer: "GatedAttention", h: torch.Tensor, positions: torch.
     kv, backend = state.kv[mixer.layer], mixer.backend
     # A paged cache takes the step's k and v straight from the prologue (no index_copy kernels).
     rows = backend.decode_rows(kv) if hasattr(backend, "decode_rows") else None
-    q, gate, k, v = attention_prologue(q_gate[0], k[0], v[0], mixer.q_norm, mixer.k_norm, positions, mixer.eps,
-                                       a.num_heads, a.num_kv_heads, a.head_dim, a.rotary_dim, a.rope_theta,
-                                       inv_freq=mixer.inv_freq, kv_cache=rows,
-                                       dtype=rows[0].dtype if rows is not None else None)
+    if "prologue" in DROP:  # stand-ins (zeros) for q, k and v; the step's k and v are not written
+        dtype = rows[0].dtype if rows is not None else q_gate.dtype
+        q = _fixed(mixer, "drop_q", lambda: torch.zeros(a.num_heads, a.head_dim, device=h.device, dtype=dtype))
+        k = v = _fixed(mixer, "drop_kv", lambda: torch.zeros(a.num_kv_heads, a.head_dim, device=h.device,
+                                                             dtype=dtype))
+        gate = q_gate[0].view(a.num_heads, 2 * a.head_dim)[:, a.head_dim:]
+    else:
+        q, gate, k, v = attention_prologue(q_gate[0], k[0], v[0], mixer.q_norm, mixer.k_norm, positions, mixer.eps,
+                                           a.num_heads, a.num_kv_heads, a.head_dim, a.rotary_dim, a.rope_theta,
+                                           inv_freq=mixer.inv_freq, kv_cache=rows,
+                                           dtype=rows[0].dtype if rows is not None else None)
     if rows is not None and attention_decode_mod.TRITON and attention_decode_mod.MERGE_APART:
         # the partials only, merged in the output gate's launch (attention_merge.py)
         acc, ml = attention_decode_mod.decode_attention_parts(q, *rows, positions)
