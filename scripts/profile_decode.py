@@ -4,7 +4,8 @@ visible without reading code. Prints, per arm (--decode-kernels, default both):
   - one eager step under the torch profiler: kernels per step, kernel time per step, the top kernels by time
     (calls and microseconds per step);
   - the CUDA-graph step: median ms per step over timed replays (CUDA events) and the kernels per replay
-    (the profiler sees a graph's kernels one by one);
+    (the profiler sees a graph's kernels one by one), and each kernel's charge in the replay: the time by which
+    it moved the step's end (graph_timeline.py; programmatic launch makes the eager durations overlap);
   - the step's HBM roofline: the bytes it must read (engine/roofline.py model_step_bytes, the weights in their
     stored formats) over the measured device bandwidth, and the fraction of it the graph step reaches.
 With --pairs N (N >= 1, several arms), the arms' graph steps are also timed in turn, N rounds of interleaved
@@ -36,6 +37,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench_resident import timed  # scripts/ is on the path when this runs as a script
+from graph_timeline import print_timeline, timeline
 from qwenlocal.engine import Engine
 from qwenlocal.engine.kernels import (attention_decode, decode_router, gdn_decode, gemv_mixed, gemv_multi, gemv_norm,
                                       nvfp4_experts_decode, nvfp4_experts_mma, nvfp4_int_experts,
@@ -56,9 +58,8 @@ def kernel_table(prof, steps: int) -> tuple[int, float, list[tuple[str, float, f
     return sum(calls.values()) // steps, sum(micros.values()) / steps, rows
 
 
-def launch_table(prof, steps: int) -> list[tuple[str, str, float, float]]:
-    """[(kernel, grid x block, calls per step, us per step)] by time: the same kernel's launches told apart by
-    their launch shape (gemv_multi's in_proj vs o_proj vs lm_head), from the profiler's trace events."""
+def trace_events(prof) -> list[dict]:
+    """The profiler's chrome-trace events."""
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -67,7 +68,13 @@ def launch_table(prof, steps: int) -> list[tuple[str, str, float, float]]:
             events = json.load(f)
     finally:
         os.unlink(path)
-    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    return events.get("traceEvents", events) if isinstance(events, dict) else events
+
+
+def launch_table(prof, steps: int) -> list[tuple[str, str, float, float]]:
+    """[(kernel, grid x block, calls per step, us per step)] by time: the same kernel's launches told apart by
+    their launch shape (gemv_multi's in_proj vs o_proj vs lm_head), from the profiler's trace events."""
+    events = trace_events(prof)
     calls, micros = defaultdict(int), defaultdict(float)
     for ev in events:
         if ev.get("cat") != "kernel":
@@ -110,8 +117,13 @@ def arm(model: str, context: int, decode_kernels: str, budget: str | None, routi
         for _ in range(8):
             runner.decode(state, token)
         out["graph_ms_per_step"] = 1e3 * timed(lambda: runner.decode(state, token), 50)
-        gn, gus, _ = kernel_table(profile_steps(runner, state, token, 3), 3)
+        gprof = profile_steps(runner, state, token, 3)
+        gn, gus, _ = kernel_table(gprof, 3)
         out.update(graph_kernels_per_step=gn, graph_kernel_us_per_step=gus)
+        try:
+            out["graph_timeline"] = timeline(trace_events(gprof), 3)
+        except ValueError as e:  # replays the trace cannot tell apart: say so, keep the arm's other figures
+            out["graph_timeline_error"] = str(e)
     out["step_bytes"] = model_step_bytes(eng.model, context)
     out["plan"] = {k: v["value"] for k, v in eng.plan.items()}
     _KEEP.append(eng)  # the next arm shares this synthetic model's weights instead of making them again
@@ -231,6 +243,10 @@ def main() -> None:
         if "graph_ms_per_step" in r:
             print(f"graph: {r['graph_ms_per_step']:.3f} ms/step ({1e3 / r['graph_ms_per_step']:.1f} tok/s), "
                   f"{r['graph_kernels_per_step']:,} kernels/replay, {r['hbm_fraction']:.1%} of the HBM roofline")
+            if "graph_timeline" in r:
+                print_timeline(r["graph_timeline"], a.top)
+            else:
+                print(f"graph timeline: {r.get('graph_timeline_error')}")
     print("\n== summary ==")
     print(f"{'arm':<22} {'eager kernels':>13} {'graph kernels':>13} {'graph ms':>9} {'tok/s':>7} {'roofline ms':>11} "
           f"{'fraction':>8}")
