@@ -80,7 +80,7 @@ def test_every_one_launch_tail_together_gives_the_same_logits(quantized_ckpt, mo
     in the FP8 in_proj launch): in the interpreter each is the same bytes (tests/test_kernels_*.py), so together
     they are too; each runs at every layer of every step (counted), three steps carry every state and counter."""
     from qwenlocal.engine.kernels import gdn_decode, gemv_mixed, gemv_norm, parts_norm, router_gemv
-    from qwenlocal.engine.model import decode_fused
+    from qwenlocal.engine.model import decode_fused, moe_fused
 
     steps = 3
     ids = torch.randint(0, 600, (24 + steps,), generator=torch.Generator().manual_seed(5))
@@ -101,8 +101,8 @@ def test_every_one_launch_tail_together_gives_the_same_logits(quantized_ckpt, mo
 
     monkeypatch.setattr(router_gemv, "router_topk", counting("router", router_gemv.router_topk))
     monkeypatch.setattr(gemv_norm, "gemv_add_rms_norm", counting("gemvnorm", gemv_norm.gemv_add_rms_norm))
-    monkeypatch.setattr(decode_fused, "_norm_tail", counting("partsnorm", decode_fused._norm_tail,
-                                                             lambda out, *a, **kw: out is not None))
+    monkeypatch.setattr(moe_fused, "_norm_tail", counting("partsnorm", moe_fused._norm_tail,
+                                                          lambda out, *a, **kw: out is not None))
     monkeypatch.setattr(decode_fused, "gdn_decode_step", counting(
         "gdntail", decode_fused.gdn_decode_step, lambda out, *a, **kw: kw.get("counters") is not None))
     monkeypatch.setattr(gemv_mixed, "gemv_two_formats", counting("mixed", gemv_mixed.gemv_two_formats))

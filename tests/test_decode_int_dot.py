@@ -88,28 +88,28 @@ def test_the_shared_expert_early_gives_the_default_bytes(quantized_ckpt, monkeyp
     assert len(started) == 2 * len(eng.model.layers)
 
 
-@pytest.mark.parametrize("opts", [{}, {"routing": {"seed": 5, "length": 7}}, {"early": True}])
+@pytest.mark.parametrize("opts", [{}, {"routing": {"seed": 5, "length": 7}, "early": True}])
 def test_the_gate_up_launch_routing_itself_gives_the_default_bytes_without_route_topk(quantized_ckpt, monkeypatch,
                                                                                     opts):  # noqa: F811
     """nvfp4_int_experts.ROUTE (resident experts): the integer gate/up's programs find their experts from the
     router's logits and fill route_topk's outputs for the down launch: the step's logits byte for byte, under a
-    benchmark's routing trace too and with the shared expert early (shared_early), and route_topk never runs in a
+    benchmark's routing trace with the shared expert early (shared_early) too, and route_topk never runs in a
     decode step; offloaded experts (slots to ensure) keep route_topk. bf16, as on a GPU (16-bit logits)."""
-    from qwenlocal.engine.model import decode_fused, shared_early
+    from qwenlocal.engine.model import moe_fused, shared_early
 
     opts = dict(opts)
     monkeypatch.setattr(shared_early, "ON", opts.pop("early", False))
-    ids = torch.randint(0, 600, (24 + 3,), generator=torch.Generator().manual_seed(8))
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(8))
     default = _engine(quantized_ckpt, True, dtype=torch.bfloat16, **opts).score(ids, prefill=24)
     monkeypatch.setattr(nvfp4_int_experts, "ROUTE", True)
     eng = _engine(quantized_ckpt, True, dtype=torch.bfloat16, **opts)
-    assert decode_fused.routes_itself(eng.model.layers[0].moe, torch.empty(1, dtype=torch.bfloat16))
-    routed, real = [], decode_fused.route_topk
-    monkeypatch.setattr(decode_fused, "route_topk", lambda *a, **k: routed.append(1) or real(*a, **k))
+    assert moe_fused.routes_itself(eng.model.layers[0].moe, torch.empty(1, dtype=torch.bfloat16))
+    routed, real = [], moe_fused.route_topk
+    monkeypatch.setattr(moe_fused, "route_topk", lambda *a, **k: routed.append(1) or real(*a, **k))
     assert torch.equal(eng.score(ids, prefill=24), default)
     assert not routed
     if not opts:  # offloaded: the slots are ensured from route_topk's ids, the same bytes
         slotted = _engine(quantized_ckpt, True, dtype=torch.bfloat16, expert_slots=12)
-        assert not decode_fused.routes_itself(slotted.model.layers[0].moe, torch.empty(1, dtype=torch.bfloat16))
+        assert not moe_fused.routes_itself(slotted.model.layers[0].moe, torch.empty(1, dtype=torch.bfloat16))
         assert torch.equal(slotted.score(ids, prefill=24), default)
         assert routed

@@ -127,13 +127,8 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, part_acc, par
                 _store_exact(out_ptr + (h * G + g)[:, None] * D + d[None, :], o, gm[:, None], OUT_BF16)
 
 
-def decode_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, position: torch.Tensor,
-                     counters: torch.Tensor, *, splits: int = SPLITS, group: int = GROUP, block_t: int = BLOCK_T,
-                     num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
-    """q [1 (or none), heads, D] of one token; k_rows / v_rows [rows, kv heads, D] contiguous (row p: position p,
-    this step's row already written); position int64 [1] on the device -> out [1, heads, D] in q's dtype:
-    softmax(q k^T / sqrt(D)) v over rows 0..position, query head i on KV head i // (heads / kv heads).
-    counters: launch.new_counter(device, kv_heads * (splits / group + 1)). One launch, no host sync."""
+def _check_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_t: int) -> tuple[int, int, int]:
+    """(heads, kv heads, head_dim) of a call, or a ValueError that says what is wrong."""
     heads, d = q.shape[-2:]
     rows, kvh, dk = k_rows.shape
     contiguous = k_rows.is_contiguous() and v_rows.is_contiguous()
@@ -142,24 +137,43 @@ def decode_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
                          f"multiple of kv_heads, got {tuple(k_rows.shape)} and {tuple(v_rows.shape)}")
     if d & (d - 1) or d < 16:
         raise ValueError(f"head_dim {d} must be a power of 2 >= 16 (the tile's dot)")
-    if splits % group or block_t & (block_t - 1) or block_t < 16:
-        raise ValueError(f"splits {splits} must be a multiple of group {group}, block_t a power of 2 >= 16")
+    if block_t & (block_t - 1) or block_t < 16:
+        raise ValueError(f"block_t {block_t} must be a power of 2 >= 16")
+    return heads, kvh, d
+
+
+def _launch(q, k_rows, v_rows, position, out, part_acc, part_ml, grp_acc, grp_ml, counters, kvh: int, splits: int,
+            group: int, block_t: int, num_warps: int, num_stages: int, merge: bool) -> None:
+    heads, d = q.shape[-2:]
+    g, dev = heads // kvh, q.device
+    decode_attention_kernel[(kvh, splits)](
+        q.reshape(heads, d).contiguous(), k_rows, v_rows, position, out, part_acc, part_ml, grp_acc, grp_ml,
+        counters, d ** -0.5, kvh, G=g, D=d, GP=max(16, triton.next_power_of_2(g)), SPLITS=splits, GROUP=group,
+        BLOCK_T=block_t, OUT_BF16=q.dtype == torch.bfloat16, FENCE=merge and dev.type == "cuda",
+        DOT_F32=dev.type != "cuda" or q.dtype == torch.float32, MERGE=merge,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev))  # 3 stages: 141 KB of smem at D 256
+
+
+def decode_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, position: torch.Tensor,
+                     counters: torch.Tensor, *, splits: int = SPLITS, group: int = GROUP, block_t: int = BLOCK_T,
+                     num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+    """q [1 (or none), heads, D] of one token; k_rows / v_rows [rows, kv heads, D] contiguous (row p: position p,
+    this step's row already written); position int64 [1] on the device -> out [1, heads, D] in q's dtype:
+    softmax(q k^T / sqrt(D)) v over rows 0..position, query head i on KV head i // (heads / kv heads).
+    counters: launch.new_counter(device, kv_heads * (splits / group + 1)). One launch, no host sync."""
+    heads, kvh, d = _check_rows(q, k_rows, v_rows, block_t)
+    if splits % group:
+        raise ValueError(f"splits {splits} must be a multiple of group {group}")
     if counters.dtype != torch.int32 or counters.numel() != kvh * (splits // group + 1) \
             or counters.device != q.device:
         raise ValueError(f"counters must be launch.new_counter(device, {kvh * (splits // group + 1)})")
-    g = heads // kvh
-    dev = q.device
-    f32 = dict(device=dev, dtype=torch.float32)
+    g, ng = heads // kvh, splits // group
+    f32 = dict(device=q.device, dtype=torch.float32)
     part_acc, part_ml = torch.empty(kvh * splits * g * d, **f32), torch.empty(kvh * splits * g * 2, **f32)
-    ng = splits // group
     grp_acc, grp_ml = torch.empty(kvh * ng * g * d, **f32), torch.empty(kvh * ng * g * 2, **f32)
-    out = torch.empty(1, heads, d, device=dev, dtype=q.dtype)
-    decode_attention_kernel[(kvh, splits)](
-        q.reshape(heads, d).contiguous(), k_rows, v_rows, position, exact_out(out), part_acc, part_ml, grp_acc,
-        grp_ml, counters, d ** -0.5, kvh, G=g, D=d, GP=max(16, triton.next_power_of_2(g)), SPLITS=splits,
-        GROUP=group, BLOCK_T=block_t, OUT_BF16=q.dtype == torch.bfloat16, FENCE=dev.type == "cuda",
-        DOT_F32=dev.type != "cuda" or q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(dev))  # 3 stages: 141 KB of smem at D 256
+    out = torch.empty(1, heads, d, device=q.device, dtype=q.dtype)
+    _launch(q, k_rows, v_rows, position, exact_out(out), part_acc, part_ml, grp_acc, grp_ml, counters, kvh, splits,
+            group, block_t, num_warps, num_stages, True)
     return out
 
 
@@ -173,25 +187,15 @@ def decode_attention_parts(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.
     Under the H200's Triton 3.6.0 (sm_90) the launch compiles to 162 registers and 1,392 instructions at the
     default 64 splits / 64 positions a step / 3 stages, against 230 and 2,408 with the merge; at 128 / 32 / 3 to
     128 registers and 74 KB of shared memory (three programs an SM)."""
-    heads, d = q.shape[-2:]
-    rows, kvh, dk = k_rows.shape
     splits = SPLITS if splits is None else splits
     block_t = BLOCK_T if block_t is None else block_t
-    contiguous = k_rows.is_contiguous() and v_rows.is_contiguous()
-    if dk != d or v_rows.shape != k_rows.shape or heads % kvh or not contiguous:
-        raise ValueError(f"k_rows / v_rows must be contiguous [rows, kv_heads, {d}] alike with heads {heads} a "
-                         f"multiple of kv_heads, got {tuple(k_rows.shape)} and {tuple(v_rows.shape)}")
-    if d & (d - 1) or d < 16 or splits & (splits - 1) or block_t & (block_t - 1) or block_t < 16:
-        raise ValueError(f"head_dim {d} must be a power of 2 >= 16, splits {splits} a power of 2, block_t {block_t} "
-                         f"a power of 2 >= 16")
-    g = heads // kvh
+    heads, kvh, d = _check_rows(q, k_rows, v_rows, block_t)
+    if splits & (splits - 1):
+        raise ValueError(f"splits {splits} must be a power of 2 (the merge's tile)")
     f32 = dict(device=q.device, dtype=torch.float32)
-    acc, ml = torch.empty(kvh, splits, g, d, **f32), torch.empty(kvh, splits, g, 2, **f32)
-    decode_attention_kernel[(kvh, splits)](
-        q.reshape(heads, d).contiguous(), k_rows, v_rows, position, acc, acc, ml, acc, ml, position, d ** -0.5, kvh,
-        G=g, D=d, GP=max(16, triton.next_power_of_2(g)), SPLITS=splits, GROUP=splits, BLOCK_T=block_t,
-        OUT_BF16=False, FENCE=False, DOT_F32=q.device.type != "cuda" or q.dtype == torch.float32, MERGE=False,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(q.device))
+    acc, ml = torch.empty(kvh, splits, heads // kvh, d, **f32), torch.empty(kvh, splits, heads // kvh, 2, **f32)
+    _launch(q, k_rows, v_rows, position, acc, acc, ml, acc, ml, position, kvh, splits, splits, block_t, num_warps,
+            num_stages, False)
     return acc, ml
 
 

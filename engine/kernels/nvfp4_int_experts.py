@@ -51,7 +51,7 @@ DOWN = False
 # scripts/sass_nvfp4_int_dot.py).
 DOWN_WARPS = 2
 # The routed gate/up programs find their own experts from the router's 16-bit logits (expert_gate_up_int route=)
-# where the experts are resident (no slot map to ensure first): no route_topk launch (decode_fused.routes_itself).
+# where the experts are resident (no slot map to ensure first): no route_topk launch (moe_fused.routes_itself).
 # Leaving route_topk out made the step 0.938x (the drop-route ceiling, docs/RESULTS.md session 15); the same
 # search in expert_gate_up's 4-warp programs cost them 2.1 us (a cross-warp max and a barrier a round: routeup,
 # neutral, removed). At one warp a program a round is one REDUX. The same bytes as route_topk + the gate/up.
