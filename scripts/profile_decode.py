@@ -40,7 +40,7 @@ from bench_resident import timed  # scripts/ is on the path when this runs as a 
 from graph_timeline import print_timeline, timeline
 from qwenlocal.engine import Engine
 from qwenlocal.engine.kernels import (attention_decode, decode_router, gdn_decode, gemv_mixed, gemv_multi, gemv_norm,
-                                      nvfp4_experts_decode, nvfp4_experts_mma, nvfp4_int_experts,
+                                      nvfp4_experts_decode, nvfp4_experts_mma, nvfp4_experts_parts, nvfp4_int_experts,
                                       parts_norm, router_gemv, router_norm)
 from qwenlocal.engine.bench.measure import device_gbps
 from qwenlocal.engine.model import decode_fused, shared_early
@@ -150,7 +150,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}
 # Launch parameters an arm may set as NAME=VALUE (an int), e.g. fused-pdl/gdnbv=8.
 VALUES = {"gdnbv": (gdn_decode, "BLOCK_V"), "attnsplits": (attention_decode, "SPLITS"),
-          "attnbt": (attention_decode, "BLOCK_T")}
+          "attnbt": (attention_decode, "BLOCK_T"), "downbm": (nvfp4_experts_parts, "BLOCK_M")}
 VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES.items()}
 
 

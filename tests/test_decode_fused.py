@@ -214,3 +214,29 @@ def test_the_next_norm_in_the_down_launch_and_the_first_gemv_keeps_the_step(quan
     assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
     apart = _engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24)
     assert torch.equal(apart, on)
+
+
+def test_the_down_launchs_tile_is_read_at_the_call(quantized_ckpt, monkeypatch):
+    """nvfp4_experts_parts.BLOCK_M (profile_decode's arm value downbm) set after import reaches the step's down
+    launches and their tile-sum counters: 8 rows a program gives the 16-row step's logits within fp32 rounding
+    (the tiles' sums of squares added in other groups), the same argmax."""
+    from qwenlocal.engine.kernels import nvfp4_experts_parts
+
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(12))
+    default = _engine(quantized_ckpt, True).score(ids, prefill=24)
+    monkeypatch.setattr(nvfp4_experts_parts, "BLOCK_M", 8)
+    grids, real = [], nvfp4_experts_parts.expert_down_parts_kernel
+
+    class Spy:  # each launch's grid and tile
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                grids.append((grid[0], kwargs["BLOCK_M"]))
+                return real[grid](*args, **kwargs)
+            return launch
+    monkeypatch.setattr(nvfp4_experts_parts, "expert_down_parts_kernel", Spy())
+    eng = _engine(quantized_ckpt, True)
+    eight = eng.score(ids, prefill=24)
+    hidden = eng.model.layers[0].moe.hidden
+    assert grids and all(g == (hidden // 8, 8) for g in grids)
+    assert ((eight[24:] - default[24:]).abs().max() / default[24:].abs().max()) < 1e-5
+    assert (eight[24:].argmax(-1) == default[24:].argmax(-1)).all()

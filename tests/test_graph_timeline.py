@@ -12,7 +12,8 @@ from graph_timeline import charges, replays, timeline  # noqa: E402
 
 
 def _k(name: str, start: float, end: float, grid: str = "[1, 1, 1]") -> dict:
-    return {"cat": "kernel", "name": name, "ts": start, "dur": end - start, "args": {"grid": grid, "block": "[32, 1, 1]"}}
+    return {"cat": "kernel", "name": name, "ts": start, "dur": end - start,
+            "args": {"grid": grid, "block": "[32, 1, 1]"}}
 
 
 def test_a_serial_chain_is_charged_its_durations_and_the_gap_is_idle():

@@ -122,7 +122,7 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
 def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int,
                       inter: int, extra: tuple | None = None, extra_scale: torch.Tensor | None = None,
                       addend: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
-                      write_shared: bool = True, block_m: int = BLOCK_M,
+                      write_shared: bool = True, block_m: int | None = None,
                       block_g: int | None = None, num_warps: int | None = None, decode: str | None = None,
                       x_split: bool = True, group_scales: bool = True, programs: int | None = None,
                       norm: tuple | None = None, sums: tuple | None = None, int_dot: bool | None = None,
@@ -149,6 +149,7 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     "asm" on CUDA, "plain" in the interpreter)."""
     if norm is not None and sums is not None:
         raise ValueError("give norm= or sums=, not both")
+    block_m = BLOCK_M if block_m is None else block_m  # read at the call: profile_decode's arm value downbm
     if extra is not None and addend is not None:
         raise ValueError("give the shared expert as extra (its down projection) or as addend, not both")
     words = _check(rows, hidden, inter)

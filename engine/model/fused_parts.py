@@ -15,7 +15,8 @@ from ..quant.linear import QuantLinear
 
 
 def stand_in(owner, name: str, make):
-    """A stand-in tensor for a dropped launch's output (decode_fused.DROP), made on the first (eager) call, never inside a capture."""
+    """A stand-in tensor for a dropped launch's output (decode_fused.DROP), made on the first (eager) call, never
+    inside a capture."""
     t = getattr(owner, name, None)
     if t is None:
         t = make()

@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from ..kernels import (gemv_norm, nvfp4_experts_mma, nvfp4_int_dot, nvfp4_int_experts, parts_norm, router_gemv,
-                       router_norm)
+from ..kernels import (gemv_norm, nvfp4_experts_mma, nvfp4_experts_parts, nvfp4_int_dot, nvfp4_int_experts,
+                       parts_norm, router_gemv, router_norm)
 from ..kernels.decode_fused import route_topk
 from ..kernels.gemv_multi import gemv_multi
 from ..kernels.nvfp4_experts_decode import expert_gate_up, nvfp4_triples
 from ..kernels.nvfp4_experts_parts import expert_down_parts
-from ..kernels.nvfp4_experts_parts import BLOCK_M as PARTS_BLOCK_M
 from ..kernels.route_keys import MAX_EXPERTS
 from ..quant.linear import QuantLinear
 from ..quant.scheme import NVFP4
@@ -68,7 +67,8 @@ def _norm_tail(moe: "SparseMoE", next_norm: tuple | None, hidden: int) -> tuple 
     counters (made on the first, eager, call: never inside a capture)."""
     if not parts_norm.FUSED or next_norm is None:
         return None
-    return (*next_norm, counters_for(moe, "norm_counters", next_norm[0].device, triton.cdiv(hidden, PARTS_BLOCK_M) + 1))
+    tiles = triton.cdiv(hidden, nvfp4_experts_parts.BLOCK_M)
+    return (*next_norm, counters_for(moe, "norm_counters", next_norm[0].device, tiles + 1))
 
 
 def _sums_tail(moe: "SparseMoE", next_norm: tuple | None, hidden: int) -> tuple | None:
@@ -76,7 +76,8 @@ def _sums_tail(moe: "SparseMoE", next_norm: tuple | None, hidden: int) -> tuple 
     residual and its tiles' sums of squares, the norm left to that layer's first GEMV."""
     if not parts_norm.TILE_SUMS or next_norm is None:
         return None
-    return next_norm[0], counters_for(moe, "sum_counters", next_norm[0].device, triton.cdiv(hidden, PARTS_BLOCK_M))
+    tiles = triton.cdiv(hidden, nvfp4_experts_parts.BLOCK_M)
+    return next_norm[0], counters_for(moe, "sum_counters", next_norm[0].device, tiles)
 
 
 def _deferred(result, next_norm: tuple) -> tuple:
