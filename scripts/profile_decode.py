@@ -41,7 +41,7 @@ from graph_timeline import print_timeline, timeline
 from qwenlocal.engine import Engine
 from qwenlocal.engine.kernels import (attention_decode, decode_router, gdn_decode, gemv_mixed, gemv_multi, gemv_norm,
                                       nvfp4_experts_decode, nvfp4_experts_mma, nvfp4_experts_parts, nvfp4_int_experts,
-                                      parts_norm, router_gemv, router_norm)
+                                      parts_norm, router_gemv, router_norm, slot_ensure)
 from qwenlocal.engine.bench.measure import device_gbps
 from qwenlocal.engine.model import decode_fused, shared_early
 from qwenlocal.engine.roofline import model_step_bytes
@@ -144,7 +144,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "guint": (nvfp4_int_experts, "ON"), "mixedfew": (gemv_mixed, "FEWEST_B_TILES"),
             "dnint": (nvfp4_int_experts, "DOWN"), "rq16": (router_norm, "QUANT_RECOMPUTE"),
             "sharedearly": (shared_early, "ON"), "routeint": (nvfp4_int_experts, "ROUTE"),
-            "attnmerge": (attention_decode, "MERGE_APART")}
+            "attnmerge": (attention_decode, "MERGE_APART"), "routeensure": (slot_ensure, "ROUTE")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

@@ -113,3 +113,30 @@ def test_the_gate_up_launch_routing_itself_gives_the_default_bytes_without_route
         assert not moe_fused.routes_itself(slotted.model.layers[0].moe, torch.empty(1, dtype=torch.bfloat16))
         assert torch.equal(slotted.score(ids, prefill=24), default)
         assert routed
+
+
+@pytest.mark.parametrize("split", ["off", "copy-side"])
+def test_the_ensure_routing_first_gives_the_default_bytes_without_route_topk(quantized_ckpt, monkeypatch,
+                                                                             split):  # noqa: F811
+    """slot_ensure.ROUTE (experts offloaded to slots, the one-launch ensure, which a CPU engine does not pick by
+    itself and is given here): the ensure's launch does route_topk's work first, and the step's logits are the
+    default's byte for byte, serial and with the shared expert apart; route_topk never runs in a decode step. bf16
+    (16-bit logits)."""
+    from qwenlocal.engine.kernels import slot_ensure
+    from qwenlocal.engine.model import moe_fused
+
+    def engine():
+        eng = _engine(quantized_ckpt, True, split, dtype=torch.bfloat16, expert_slots=12)
+        cache = eng.model.cache
+        cache._fused = slot_ensure.FusedEnsure(len(eng.model.layers), cache.top_k, cache.num_slots, cache.device)
+        return eng
+
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(24))
+    default = engine().score(ids, prefill=24)
+    monkeypatch.setattr(slot_ensure, "ROUTE", True)
+    eng = engine()
+    assert moe_fused.routes_in_ensure(eng.model.layers[0].moe, torch.empty(1, dtype=torch.bfloat16))
+    routed, real = [], moe_fused.route_topk
+    monkeypatch.setattr(moe_fused, "route_topk", lambda *a, **k: routed.append(1) or real(*a, **k))
+    assert torch.equal(eng.score(ids, prefill=24), default)
+    assert not routed and int(eng.model.cache.misses) > 0

@@ -59,3 +59,52 @@ def test_fused_ensure_matches_the_torch_reference(experts, top_k, layers, slots,
     assert seen_hits and seen_evictions  # both paths of the kernel ran
     if experts * layers <= slots:
         assert seen_all_hits  # steps without a miss (no victim scan) ran too
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("experts, top_k, slots", [(13, 5, 9), (64, 8, 37)])
+def test_the_ensure_routing_first_is_route_topk_then_ensure(experts, top_k, slots, traced):
+    """slot_ensure.ROUTE (route=): the ensure launch does route_topk's work from 16-bit logits first and ensures
+    the ids it found (or a trace's): step after step, the same slots, plan and cache state as route_topk + the
+    ensure given its ids, and route_topk's weights, ids and shared gate byte for byte."""
+    from qwenlocal.engine.kernels.decode_router import route_topk
+    from test_kernels_decode_fused import distinct_logits
+
+    cfg = small_cfg(experts=experts, top_k=top_k, layers=2)
+    bank = HostExpertBank(cfg, torch.float32, pin=False)
+    dev = torch.device(DEVICE)
+    routed, given = (ExpertSlotCache(cfg, bank, slots, dev, fused_ensure=True) for _ in range(2))
+    gen = torch.Generator().manual_seed(experts)
+    for step in range(24):
+        layer = step % 2
+        logits = distinct_logits(experts, 100 * experts + step, torch.bfloat16)
+        ref_w, ref_ids, ref_shared = route_topk(logits, experts, top_k, torch.bfloat16)
+        trace = torch.randperm(experts, generator=gen)[:top_k][None].to(DEVICE) if traced else None
+        outs = (torch.full((1, top_k), float("nan"), dtype=torch.bfloat16, device=DEVICE),
+                torch.full((1, top_k), -1, dtype=torch.int64, device=DEVICE),
+                torch.full((1,), float("nan"), device=DEVICE))
+        a_slots, a_plan = routed.ensure(layer, trace, route=(logits, experts, *outs))
+        b_slots, b_plan = given.ensure(layer, trace if traced else ref_ids)
+        assert torch.equal(outs[0], ref_w) and torch.equal(outs[1], ref_ids) and torch.equal(outs[2], ref_shared)
+        assert torch.equal(a_slots, b_slots) and torch.equal(a_plan.count, b_plan.count), step
+        assert torch.equal(a_plan.src, b_plan.src) and torch.equal(a_plan.dst, b_plan.dst), step
+        for x, y in zip(_state(routed), _state(given)):
+            assert torch.equal(x, y), step
+    assert int(given.misses) > 0 and int(given.hits) > 0
+
+
+def test_the_ensure_refuses_a_route_it_cannot_take():
+    from test_kernels_decode_fused import distinct_logits
+
+    cfg = small_cfg(experts=13, top_k=5, layers=1)
+    bank = HostExpertBank(cfg, torch.float32, pin=False)
+    outs = (torch.empty(1, 5, dtype=torch.bfloat16, device=DEVICE), torch.empty(1, 5, dtype=torch.int64, device=DEVICE),
+            torch.empty(1, device=DEVICE))
+    torch_ensure = ExpertSlotCache(cfg, bank, 9, torch.device(DEVICE), fused_ensure=False)
+    with pytest.raises(ValueError, match="one-launch ensure"):
+        torch_ensure.ensure(0, None, route=(distinct_logits(13, 1, torch.bfloat16), 13, *outs))
+    fused = ExpertSlotCache(cfg, bank, 9, torch.device(DEVICE), fused_ensure=True)
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        fused.ensure(0, None, route=(distinct_logits(13, 1, torch.float32), 13, *outs))
+    with pytest.raises(ValueError, match="the ids, or a route"):
+        fused.ensure(0, None)

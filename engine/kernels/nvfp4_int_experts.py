@@ -32,8 +32,7 @@ from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
 from .nvfp4_int_dot import (_block_scale, gemv_int_reference, pair_operands, quantize_x16, rows_dot, tables,
                             x_pair_tiles)
-from .nvfp4_triton import exact_out
-from .route_keys import MAX_EXPERTS, route_rank_key, store_route
+from .route_keys import route_args, route_rank_key, store_route
 from ..quant.nvfp4_rows import unpack_nvfp4_expert
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_int, x quantized by the router's launch
@@ -141,8 +140,9 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
     words = _check(rows, hidden, inter)
     if hidden % 16:
         raise ValueError(f"hidden must be a multiple of 16, got {hidden}")
-    route_args, route_consts = _route_launch(route, ids)
+    routing = route_args(route, ids)
     if route is not None:
+        routing["KP"] = triton.next_power_of_2(route[3].shape[-1])
         ids = ids if ids is not None else route[3]
     k = ids.shape[-1]
     n = k + (extra is not None)
@@ -161,33 +161,9 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
         pairs, xs, tables(rows.device), ids.reshape(-1).contiguous(), words, rows, out, inter, words.stride(0),
         off["gu_scale_at"], off["glob_at"], *gate, *up, H=hidden, K_ROUTED=k, HAS_EXTRA=extra is not None,
         BLOCK_N=block_n, BLOCK_G=triton.next_power_of_2(hidden // 16),
-        DECODE=decode or ("asm" if rows.is_cuda else "plain"), num_warps=num_warps, **route_args, **route_consts,
+        DECODE=decode or ("asm" if rows.is_cuda else "plain"), num_warps=num_warps, **routing,
         **pdl_launch(rows.device))
     return out
-
-
-def _route_launch(route: tuple | None, trace_ids: torch.Tensor | None) -> tuple[dict, dict]:
-    """expert_gate_up_int's route= as the kernel's keyword arguments and constants (none where route is None)."""
-    if route is None:
-        return {}, {}
-    logits, experts, weights, ids, shared = route
-    flat = logits.reshape(-1)
-    k = ids.shape[-1]
-    if flat.dtype not in (torch.bfloat16, torch.float16) or flat.numel() != experts + 1 or not flat.is_contiguous():
-        raise ValueError(f"route's logits must be {experts} + 1 contiguous bf16/fp16 entries, got "
-                         f"{tuple(logits.shape)} {flat.dtype}")
-    if not 1 <= k <= experts or experts > MAX_EXPERTS:
-        raise ValueError(f"route needs 1 <= top_k {k} <= experts {experts} <= {MAX_EXPERTS}")
-    if (ids.dtype != torch.int64 or ids.shape != (1, k) or weights.shape != (1, k) or shared.numel() != 1
-            or shared.dtype != torch.float32):
-        raise ValueError("route's outs must be (weights [1, k], ids [1, k] int64, shared_scale [1] fp32)")
-    if trace_ids is not None and trace_ids.shape[-1] != k:
-        raise ValueError(f"the trace's ids must be [1, {k}] like route's, got {tuple(trace_ids.shape)}")
-    args = dict(logits_ptr=flat, E=experts, wts_out_ptr=exact_out(weights), ids_out_ptr=ids, shared_out_ptr=shared)
-    consts = dict(ROUTE=2 if trace_ids is not None else 1, BLOCK_E=triton.next_power_of_2(experts),
-                  KP=triton.next_power_of_2(k), F16=flat.dtype == torch.float16,
-                  W_BF16=weights.dtype == torch.bfloat16)
-    return args, consts
 
 
 def expert_gate_up_int_reference(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,

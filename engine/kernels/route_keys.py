@@ -16,10 +16,11 @@ Reference: route_topk_reference (decode_router.py); tests/test_kernels_route_key
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from .nvfp4_triton import _store_exact
+from .nvfp4_triton import _store_exact, exact_out
 
 NONE = tl.constexpr(-2147483648)  # below every key of a finite logit (a key's low half is >= 1: ids < 0xFFFF)
 MAX_EXPERTS = 0xFFFF
@@ -85,10 +86,37 @@ def route_weights(logits_ptr, E, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E:
 @triton.jit
 def store_route(logits_ptr, weights_ptr, ids_ptr, shared_ptr, E, TOP_K: tl.constexpr, KP: tl.constexpr,
                 BLOCK_E: tl.constexpr, F16: tl.constexpr, OUT_BF16: tl.constexpr):
-    """route_weights' top-k of 16-bit logits stored as route_topk's outputs, and the shared gate's sigmoid."""
+    """route_weights' top-k of 16-bit logits stored as route_topk's outputs, and the shared gate's sigmoid; returns
+    the ids ([KP] int32, 0 past TOP_K) for a kernel that goes on with them (the slot cache's ensure)."""
     ids, weights = route_weights(logits_ptr, E, TOP_K, KP, BLOCK_E, F16)
     rank = tl.arange(0, KP)
     _store_exact(weights_ptr + rank, weights, rank < TOP_K, OUT_BF16)
     tl.store(ids_ptr + rank, ids.to(tl.int64), mask=rank < TOP_K)
     gate = tl.load(logits_ptr + E).to(tl.float32)
     tl.store(shared_ptr, 1.0 / (1.0 + tl.exp(-gate)))
+    return ids
+
+
+def route_args(route: tuple | None, trace_ids: torch.Tensor | None) -> dict:
+    """A kernel's keyword arguments for route= (a launch that does route_topk's work: store_route), after checking
+    them: route = (logits [E + 1] bf16/fp16, E, weights_out [1, k], ids_out [1, k] int64, shared_out [1] fp32);
+    trace_ids: a benchmark trace's ids [1, k] (ROUTE 2: those rows, the outs still route_topk's), or None
+    (ROUTE 1). None for no route: no keywords."""
+    if route is None:
+        return {}
+    logits, experts, weights, ids, shared = route
+    flat = logits.reshape(-1)
+    k = ids.shape[-1]
+    if flat.dtype not in (torch.bfloat16, torch.float16) or flat.numel() != experts + 1 or not flat.is_contiguous():
+        raise ValueError(f"route's logits must be {experts} + 1 contiguous bf16/fp16 entries, got "
+                         f"{tuple(logits.shape)} {flat.dtype}")
+    if not 1 <= k <= experts or experts > MAX_EXPERTS:
+        raise ValueError(f"route needs 1 <= top_k {k} <= experts {experts} <= {MAX_EXPERTS}")
+    if (ids.dtype != torch.int64 or ids.shape != (1, k) or weights.shape != (1, k) or shared.numel() != 1
+            or shared.dtype != torch.float32):
+        raise ValueError("route's outs must be (weights [1, k], ids [1, k] int64, shared_scale [1] fp32)")
+    if trace_ids is not None and trace_ids.shape[-1] != k:
+        raise ValueError(f"the trace's ids must be [1, {k}] like route's, got {tuple(trace_ids.shape)}")
+    return dict(logits_ptr=flat, E=experts, wts_out_ptr=exact_out(weights), ids_out_ptr=ids, shared_out_ptr=shared,
+                ROUTE=2 if trace_ids is not None else 1, BLOCK_E=triton.next_power_of_2(experts),
+                F16=flat.dtype == torch.float16, W_BF16=weights.dtype == torch.bfloat16)

@@ -15,6 +15,12 @@ H200 (the overlap micro-bench: the copy started ~200 us after the fork when it q
 
 The scratch entries (slot_map[-1], slot_key[-1]) are not written: the torch version only parks masked writes
 there. Everything else is byte-equal to the reference (tests/test_slot_ensure.py).
+
+route= (the switch ROUTE, profile arm "routeensure"): the launch first does route_topk's work from the router's
+16-bit logits (route_keys.store_route: the weights, ids and the shared gate's sigmoid for the expert launches)
+and ensures the ids it found, kept in registers; under a benchmark's routing trace it ensures the trace's ids.
+route_topk's one-program launch goes, one launch fewer a layer on the offloaded step's critical path; the bytes
+are route_topk + ensure's.
 """
 from __future__ import annotations
 
@@ -22,18 +28,34 @@ import torch
 import triton
 import triton.language as tl
 
+from .route_keys import route_args, store_route
+
 BIG = 2**62  # above any stamp (clock * (N + 1) + position stays far below it)
 # Stamps per tile of the victim pass: fewer tiles, fewer merge rounds (16 int64 a thread at 8 warps).
 TILE_MAX = 4096
+# The offloaded decode's route_topk in this launch (route=; moe_fused.routes_in_ensure). Off until its GPU A/B
+# (profile_decode arm "routeensure"); the same bytes.
+ROUTE = False
 
 
 @triton.jit
 def _ensure_kernel(ids_ptr, slot_map_ptr, slot_key_ptr, stamps_ptr, clock_ptr, hits_ptr, misses_ptr,
                    final_ptr, src_ptr, dst_ptr, count_ptr, key_base, num_slots,
-                   K: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr, BIG: tl.constexpr):
+                   K: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr, BIG: tl.constexpr,
+                   logits_ptr=None, E=0, wts_out_ptr=None, ids_out_ptr=None, shared_out_ptr=None,
+                   ROUTE: tl.constexpr = 0, BLOCK_E: tl.constexpr = 32, F16: tl.constexpr = False,
+                   W_BF16: tl.constexpr = True):
+    """ROUTE 1: route_topk's outputs stored first and their ids ensured; ROUTE 2 (a trace): the outputs stored,
+    the trace's ids (ids_ptr) ensured."""
     lane = tl.arange(0, KP)
     valid = lane < K
-    key = key_base + tl.load(ids_ptr + lane, mask=valid, other=0)
+    if ROUTE == 1:
+        routed = store_route(logits_ptr, wts_out_ptr, ids_out_ptr, shared_out_ptr, E, K, KP, BLOCK_E, F16, W_BF16)
+        key = key_base + tl.where(valid, routed, 0).to(tl.int64)
+    else:
+        if ROUTE == 2:
+            store_route(logits_ptr, wts_out_ptr, ids_out_ptr, shared_out_ptr, E, K, KP, BLOCK_E, F16, W_BF16)
+        key = key_base + tl.load(ids_ptr + lane, mask=valid, other=0)
     slot = tl.load(slot_map_ptr + key, mask=valid, other=-1)
     hit = valid & (slot >= 0)
     miss = valid & (slot < 0)
@@ -108,11 +130,20 @@ class FusedEnsure:
         self.dst = torch.zeros(num_layers, self.kp, dtype=torch.long, device=device)
         self.count = torch.zeros(num_layers, 1, dtype=torch.long, device=device)
 
-    def __call__(self, cache, layer: int, ids: torch.Tensor):
-        """-> (final slots [k], src [k], dst [k], count [1]) as views of this layer's buffers."""
+    def __call__(self, cache, layer: int, ids: torch.Tensor | None, route: tuple | None = None):
+        """-> (final slots [k], src [k], dst [k], count [1]) as views of this layer's buffers. route = (logits
+        [E + 1] bf16/fp16, E, weights_out [1, k], ids_out [1, k] int64, shared_out [1] fp32): route_topk's work in
+        this launch, its outs filled; ids then None (the routed ids ensured) or a trace's ids [1, k]."""
         k = self.k
+        if route is None and ids is None:
+            raise ValueError("ensure needs the ids, or a route to find them")
+        if route is not None and route[3].shape != (1, k):
+            raise ValueError(f"route's ids must be [1, {k}] (the cache's top_k)")
+        extra = route_args(route, ids)
+        if ids is None:
+            ids = route[3]
         _ensure_kernel[(1,)](ids.reshape(-1), cache.slot_map, cache.slot_key, cache.stamps, cache.clock,
                              cache.hits, cache.misses, self.final[layer], self.src[layer], self.dst[layer],
                              self.count[layer], layer * cache.num_experts, cache.num_slots,
-                             K=k, KP=self.kp, TILE=self.tile, BIG=BIG, num_warps=8)
+                             K=k, KP=self.kp, TILE=self.tile, BIG=BIG, num_warps=8, **extra)
         return self.final[layer, :k], self.src[layer, :k], self.dst[layer, :k], self.count[layer]

@@ -14,7 +14,7 @@ import torch
 import triton
 
 from ..kernels import (gemv_norm, nvfp4_experts_mma, nvfp4_experts_parts, nvfp4_int_dot, nvfp4_int_experts,
-                       parts_norm, router_gemv, router_norm)
+                       parts_norm, router_gemv, router_norm, slot_ensure)
 from ..kernels.decode_fused import route_topk
 from ..kernels.gemv_multi import gemv_multi
 from ..kernels.nvfp4_experts_decode import expert_gate_up, nvfp4_triples
@@ -24,6 +24,7 @@ from ..quant.linear import QuantLinear
 from ..quant.scheme import NVFP4
 from . import shared_early
 from .fused_parts import DeferredNorm, counters_for, project, stand_in, weight_format
+from ..offload.experts import OffloadedExperts
 from .moe import ResidentExperts
 from .ops import swiglu
 
@@ -111,7 +112,7 @@ def _route_with_norm(moe: "SparseMoE", pending: tuple, drop_route: bool = False)
     try:
         if drop_route:
             return (*_dropped_route(moe, h), new_x, h, xq, aside, None)
-        if routes_itself(moe, router_logits):  # the gate/up launch fills route_topk's outputs
+        if routes_itself(moe, router_logits) or routes_in_ensure(moe, router_logits):  # a later launch routes
             k = moe.top_k
             weights = torch.empty(1, k, device=h.device, dtype=h.dtype)
             ids = torch.empty(1, k, device=h.device, dtype=torch.int64)
@@ -133,6 +134,13 @@ def routes_itself(moe: "SparseMoE", logits: torch.Tensor) -> bool:
     shared expert in the experts' kernels, the overlap's split off, 16-bit logits."""
     return (nvfp4_int_experts.ROUTE and isinstance(moe.experts, ResidentExperts) and _int_gate_up(moe)
             and _nvfp4_shared(moe) and moe.overlap.split == "off"
+            and logits.dtype in (torch.bfloat16, torch.float16) and moe.router_w.shape[0] <= MAX_EXPERTS)
+
+
+def routes_in_ensure(moe: "SparseMoE", logits: torch.Tensor) -> bool:
+    """The slot cache's ensure launch does route_topk's work first (slot_ensure.ROUTE; no route_topk launch): the
+    experts offloaded to slots with the one-launch ensure, 16-bit logits."""
+    return (slot_ensure.ROUTE and isinstance(moe.experts, OffloadedExperts) and moe.experts.cache._fused is not None
             and logits.dtype in (torch.bfloat16, torch.float16) and moe.router_w.shape[0] <= MAX_EXPERTS)
 
 
@@ -200,7 +208,11 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
     sums = _sums_tail(moe, next_norm, moe.hidden) if defer_norm else None
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
-    slots, expert_weights, copy = moe.experts.for_decode(ids)
+    if route is not None and not isinstance(moe.experts, ResidentExperts):  # the ensure's launch routes
+        slots, expert_weights, copy = moe.experts.for_decode(trace_ids, route=route)
+        route = None
+    else:
+        slots, expert_weights, copy = moe.experts.for_decode(ids)
     cfg_h, cfg_i = moe.hidden, moe.inter
     if moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe):
         if xq is None and _int_gate_up(moe):  # no router_norm launch made them: one launch here

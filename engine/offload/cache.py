@@ -83,12 +83,16 @@ class ExpertSlotCache:
         self.parking_borrowed_bytes = 0
         self.parking_refill_bytes = 0
 
-    def ensure(self, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, MissPlan]:
+    def ensure(self, layer: int, ids: torch.Tensor | None, route: tuple | None = None) -> tuple[torch.Tensor, MissPlan]:
         """ids [1, k] expert ids of one token -> (slot ids [1, k], the miss plan). Updates the LRU state.
-        Fixed shapes, no host sync: the decode graph captures it."""
+        Fixed shapes, no host sync: the decode graph captures it. route: route_topk's work in the same launch
+        (slot_ensure.ROUTE, the one-launch ensure only; FusedEnsure says what it takes); ids then None or a
+        trace's."""
+        if route is not None and self._fused is None:
+            raise ValueError("route= needs the one-launch ensure (kernels/slot_ensure.py)")
         if self._fused is not None:
-            final, src, dst, count = self._fused(self, layer, ids)
-            return final.reshape(ids.shape), MissPlan(src, dst, count)
+            final, src, dst, count = self._fused(self, layer, ids, route)
+            return final.reshape(1, -1), MissPlan(src, dst, count)
         final, plan = self._ensure(layer, ids.reshape(-1), self._positions)
         return final.reshape(ids.shape), plan
 

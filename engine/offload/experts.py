@@ -11,10 +11,11 @@ class OffloadedExperts:
         self.layer, self.cache = layer, cache
         self.fmt = cache.fmt
 
-    def for_decode(self, ids: torch.Tensor):
+    def for_decode(self, ids: torch.Tensor | None, route: tuple | None = None):
         """ensure now (on the compute stream: the single writer of the slot map); the copy is returned for the
-        caller to run serially or beside the shared expert."""
-        slots, plan = self.cache.ensure(self.layer, ids)
+        caller to run serially or beside the shared expert. route: the ensure's launch routes first (its ids
+        then None or a trace's; ExpertSlotCache.ensure)."""
+        slots, plan = self.cache.ensure(self.layer, ids, route)
         copy = lambda: self.cache.copy_missing(plan)  # noqa: E731
         copy.inputs = (plan.src, plan.dst, plan.count)  # read on the side stream when the copy is forked
         return slots, self.cache.decode_weights, copy
