@@ -98,9 +98,9 @@ def _route_with_norm(moe: "SparseMoE", pending: tuple, drop_route: bool = False)
     """(weights, ids, shared_scale, new_x, normed, xq, aside, route): pending = (x, mixer delta, post_norm, eps)
     normed by the router's programs, then route_topk's tail on their logits; xq: the normed row's int16 blocks
     where the experts' gate/up takes them (_int_gate_up), else None; aside: the shared expert's gate/up forked
-    between the two launches (shared_early), else None; route: expert_gate_up_int's route= where its programs
-    route themselves (routes_itself: weights, ids and shared_scale are then the empty tensors it fills), else
-    None."""
+    between the two launches (shared_early), else None; route: route= for a later launch that does route_topk's
+    work, the integer gate/up's (routes_itself) or the slot cache's ensure (routes_in_ensure), else None;
+    weights, ids and shared_scale are then the empty tensors it fills."""
     quantize = _int_gate_up(moe)
     out = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate, quantize=quantize)
     new_x, h, router_logits = out[:3]
@@ -140,7 +140,7 @@ def routes_itself(moe: "SparseMoE", logits: torch.Tensor) -> bool:
 def routes_in_ensure(moe: "SparseMoE", logits: torch.Tensor) -> bool:
     """The slot cache's ensure launch does route_topk's work first (slot_ensure.ROUTE; no route_topk launch): the
     experts offloaded to slots with the one-launch ensure, 16-bit logits."""
-    return (slot_ensure.ROUTE and isinstance(moe.experts, OffloadedExperts) and moe.experts.cache._fused is not None
+    return (slot_ensure.ROUTE and isinstance(moe.experts, OffloadedExperts) and moe.experts.cache.one_launch_ensure
             and logits.dtype in (torch.bfloat16, torch.float16) and moe.router_w.shape[0] <= MAX_EXPERTS)
 
 

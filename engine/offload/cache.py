@@ -83,6 +83,11 @@ class ExpertSlotCache:
         self.parking_borrowed_bytes = 0
         self.parking_refill_bytes = 0
 
+    @property
+    def one_launch_ensure(self) -> bool:
+        """decode's ensure is one Triton launch (kernels/slot_ensure.py), which can also route (route=)."""
+        return self._fused is not None
+
     def ensure(self, layer: int, ids: torch.Tensor | None, route: tuple | None = None) -> tuple[torch.Tensor, MissPlan]:
         """ids [1, k] expert ids of one token -> (slot ids [1, k], the miss plan). Updates the LRU state.
         Fixed shapes, no host sync: the decode graph captures it. route: route_topk's work in the same launch
