@@ -53,7 +53,7 @@ def merge_gate_kernel(acc_ptr, ml_ptr, gate_ptr, out_ptr, G, gate_stride, SPLITS
     o = _round_as(o, ROUND_OUT)  # the attention's output in its dtype, as its own store left it
     gate = tl.load(gate_ptr + i * gate_stride + d).to(tl.float32)
     sig = _round_as(1.0 / (1.0 + tl.exp(-gate)), ROUND_GATE)  # torch.sigmoid(gate) in the gate's dtype
-    _store_exact(out_ptr + i * D + d, o * sig, d < D, OUT_BF16)
+    _store_exact(out_ptr + i * D + d, o * sig, None, OUT_BF16)  # whole columns: merge_gate checks D % BLOCK_D
 
 
 def merge_gate(acc: torch.Tensor, ml: torch.Tensor, gate: torch.Tensor, out_dtype: torch.dtype, *,

@@ -203,8 +203,9 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
     """moe_decode after the router: the experts (and the shared one) of this token. xq: h's int16 blocks where
     the router's launch made them (the integer gate/up; made here otherwise). aside: the shared expert's act
     being made on a side stream (shared_early): the routed gate/up writes the other rows, the down launch
-    waits for it. route: the gate/up launch routes itself (routes_itself), filling weights, ids and
-    shared_scale before the down launch reads them."""
+    waits for it. route: a later launch does route_topk's work, filling weights, ids and shared_scale before the
+    down launch reads them: the slot cache's ensure where the experts are offloaded (routes_in_ensure), else the
+    integer gate/up (routes_itself)."""
     sums = _sums_tail(moe, next_norm, moe.hidden) if defer_norm else None
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
