@@ -28,7 +28,7 @@ if ls .cache-carry/kcache.tgz.* >/dev/null 2>&1 && [ ! -e "$KCACHE/.restored" ];
 fi
 if [ -n "${PROFILE_DECODE_ARGS:-}" ]; then
   timeout ${PROFILE_DECODE_TIMEOUT:-400} python3 scripts/profile_decode.py --json "$OUT/profile_decode.json" $PROFILE_DECODE_ARGS > "$OUT/profile_decode.log" 2>&1
-  echo "profile_decode rc=$?"; grep -A8 "== summary ==" "$OUT/profile_decode.log" || tail -30 "$OUT/profile_decode.log"
+  echo "profile_decode rc=$?"; grep -A40 "== summary ==" "$OUT/profile_decode.log" || tail -30 "$OUT/profile_decode.log"
 fi
 if [ "${NCU:-0}" = 1 ]; then
   # Why each kernel takes its time: one eager step's kernels replayed with the caches flushed, clocks left free

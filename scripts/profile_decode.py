@@ -31,6 +31,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from collections import defaultdict
 
 import torch
@@ -86,6 +87,23 @@ def launch_table(prof, steps: int) -> list[tuple[str, str, float, float]]:
     return sorted(((k[0], k[1], calls[k] / steps, micros[k] / steps) for k in calls), key=lambda r: -r[3])
 
 
+def back_to_back(fn, steps: int) -> tuple[float, float]:
+    """(GPU seconds a step, host seconds a call) of `steps` calls enqueued with no sync between them, as the chat
+    loop runs a step ahead. timed() syncs after every call, so its figure also holds the host's launch latency
+    (the GPU waits for each replay's launch: ~120-180 us a step in session 21's graph traces)."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(steps):
+        fn()
+    end.record()
+    host = time.perf_counter() - t0
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / steps, host / steps
+
+
 def profile_steps(runner, state, token, steps: int):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -117,6 +135,8 @@ def arm(model: str, context: int, decode_kernels: str, budget: str | None, routi
         for _ in range(8):
             runner.decode(state, token)
         out["graph_ms_per_step"] = 1e3 * timed(lambda: runner.decode(state, token), 50)
+        gpu_s, host_s = back_to_back(lambda: runner.decode(state, token), 50)
+        out.update(graph_ms_back_to_back=1e3 * gpu_s, host_us_per_decode=1e6 * host_s)
         gprof = profile_steps(runner, state, token, 3)
         gn, gus, _ = kernel_table(gprof, 3)
         out.update(graph_kernels_per_step=gn, graph_kernel_us_per_step=gus)
@@ -179,15 +199,21 @@ def set_switches(arm_name: str) -> str:
 
 
 def interleaved(names: list[str], rounds: int, steps: int = 50) -> dict:
-    """Median graph ms per step of each arm, `rounds` rounds of one timing per arm in turn; per-round ratios of
-    each arm to the first."""
-    per_arm = {n: [] for n in names}
+    """Median graph ms per step of each arm, `rounds` rounds of one timing per arm in turn, each timing twice:
+    synced after every step (timed: the host's launch latency in it) and back to back (the GPU's step, as the
+    chat loop a step ahead sees it); per-round ratios of each arm to the first, for both."""
+    synced, b2b = {n: [] for n in names}, {n: [] for n in names}
     for _ in range(rounds):
         for name, step in zip(names, _STEPS):
-            per_arm[name].append(1e3 * timed(step, steps))
-    first = per_arm[names[0]]
-    return {n: {"ms": statistics.median(v), "rounds_ms": v,
-                "ratio_to_first": [a / b for a, b in zip(v, first)]} for n, v in per_arm.items()}
+            synced[name].append(1e3 * timed(step, steps))
+            b2b[name].append(1e3 * back_to_back(step, steps)[0])
+    out = {}
+    for n in names:
+        out[n] = {"ms": statistics.median(synced[n]), "rounds_ms": synced[n],
+                  "ratio_to_first": [a / b for a, b in zip(synced[n], synced[names[0]])],
+                  "b2b_ms": statistics.median(b2b[n]), "b2b_rounds_ms": b2b[n],
+                  "b2b_ratio_to_first": [a / b for a, b in zip(b2b[n], b2b[names[0]])]}
+    return out
 
 
 def add_step_arguments(p: argparse.ArgumentParser) -> None:
@@ -206,8 +232,8 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--pairs", type=int, default=0, help="interleaved rounds of graph timings across the arms")
     a = p.parse_args()
-    if a.pairs > 20:
-        raise SystemExit("--pairs: at most 20 rounds (each arm's context grows by 51 tokens a round)")
+    if a.pairs > 12:
+        raise SystemExit("--pairs: at most 12 rounds (each arm's context grows by 102 tokens a round)")
     for dk in a.decode_kernels.split(","):  # a misspelt arm stops here, not after the first arm's minutes
         set_switches(dk)
     bw = device_gbps("cuda") * 1e9
@@ -242,19 +268,23 @@ def main() -> None:
               f"roofline {roof_ms:.3f} ms/step")
         if "graph_ms_per_step" in r:
             print(f"graph: {r['graph_ms_per_step']:.3f} ms/step ({1e3 / r['graph_ms_per_step']:.1f} tok/s), "
-                  f"{r['graph_kernels_per_step']:,} kernels/replay, {r['hbm_fraction']:.1%} of the HBM roofline")
+                  f"{r['graph_kernels_per_step']:,} kernels/replay, {r['hbm_fraction']:.1%} of the HBM roofline; "
+                  f"back to back {r['graph_ms_back_to_back']:.3f} ms/step "
+                  f"({r['hbm_roofline_ms'] / r['graph_ms_back_to_back']:.1%}), host {r['host_us_per_decode']:.0f} us "
+                  f"a decode call")
             if "graph_timeline" in r:
                 print_timeline(r["graph_timeline"], a.top)
             else:
                 print(f"graph timeline: {r.get('graph_timeline_error')}")
     print("\n== summary ==")
     print(f"{'arm':<22} {'eager kernels':>13} {'graph kernels':>13} {'graph ms':>9} {'tok/s':>7} {'roofline ms':>11} "
-          f"{'fraction':>8}")
+          f"{'fraction':>8} {'b2b ms':>7} {'b2b frac':>8}")
     for r in results:
-        g = r.get("graph_ms_per_step")
+        g, b = r.get("graph_ms_per_step"), r.get("graph_ms_back_to_back")
         print(f"{r['decode_kernels']:<22} {r['eager_kernels_per_step']:>13,} {r.get('graph_kernels_per_step', 0):>13,} "
               f"{g or float('nan'):>9.3f} {1e3 / g if g else float('nan'):>7.1f} {r['hbm_roofline_ms']:>11.3f} "
-              f"{r.get('hbm_fraction', float('nan')):>8.1%}")
+              f"{r.get('hbm_fraction', float('nan')):>8.1%} {b or float('nan'):>7.3f} "
+              f"{r['hbm_roofline_ms'] / b if b else float('nan'):>8.1%}")
     if failed:
         print(f"failed arms (left out of the rounds): {', '.join(failed)}")
     paired = None
@@ -265,6 +295,10 @@ def main() -> None:
         for name, v in paired.items():
             ratios = ", ".join(f"{x:.3f}" for x in v["ratio_to_first"])
             print(f"{name:<34} {v['ms']:8.3f} ms {1e3 / v['ms']:7.1f} tok/s   ratios {ratios}")
+        print("back to back (no sync between steps: the GPU's step, as the chat loop sees it)")
+        for name, v in paired.items():
+            ratios = ", ".join(f"{x:.3f}" for x in v["b2b_ratio_to_first"])
+            print(f"{name:<34} {v['b2b_ms']:8.3f} ms {1e3 / v['b2b_ms']:7.1f} tok/s   ratios {ratios}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"arms": results, "interleaved": paired} if paired else results, f, indent=1)

@@ -100,6 +100,7 @@ def test_the_gate_up_launch_routing_itself_gives_the_default_bytes_without_route
     opts = dict(opts)
     monkeypatch.setattr(shared_early, "ON", opts.pop("early", False))
     ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(8))
+    monkeypatch.setattr(nvfp4_int_experts, "ROUTE", False)  # route_topk's launch ("no-routeint")
     default = _engine(quantized_ckpt, True, dtype=torch.bfloat16, **opts).score(ids, prefill=24)
     monkeypatch.setattr(nvfp4_int_experts, "ROUTE", True)
     eng = _engine(quantized_ckpt, True, dtype=torch.bfloat16, **opts)

@@ -66,13 +66,15 @@ def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monk
     rows asked of L2 turns ahead, the weight prefetch before the PDL wait, persistent expert programs, the
     router's top-k in its GEMV's last program, the router's int16 blocks recomputed, the integer gate/up routing
     itself) give the default step's logits byte for byte, through the graph, 190 steps, with programmatic
-    launch."""
+    launch. Each switch is compared off against on, whichever is its default."""
     import importlib
 
     module, attr = switches
+    mod = importlib.import_module(f"qwenlocal.engine.kernels.{module}")
     ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(34))
+    monkeypatch.setattr(mod, attr, False)
     default = build("synthetic:small-nvfp4", decode_kernels="fused-pdl").score(ids, prefill=64)
-    monkeypatch.setattr(importlib.import_module(f"qwenlocal.engine.kernels.{module}"), attr, True)
+    monkeypatch.setattr(mod, attr, True)
     switched = build("synthetic:small-nvfp4", decode_kernels="fused-pdl").score(ids, prefill=64)
     assert torch.isfinite(switched).all() and torch.equal(switched, default)
 

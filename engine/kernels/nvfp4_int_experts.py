@@ -54,8 +54,9 @@ DOWN_WARPS = 2
 # Leaving route_topk out made the step 0.938x (the drop-route ceiling, docs/RESULTS.md session 15); the same
 # search in expert_gate_up's 4-warp programs cost them 2.1 us (a cross-warp max and a barrier a round: routeup,
 # neutral, removed). At one warp a program a round is one REDUX. The same bytes as route_topk + the gate/up.
-# Off until its GPU A/B (profile_decode arm "routeint").
-ROUTE = False
+# On: its GPU A/B (arm "routeint", docs/RESULTS.md session 21) made the resident 16K step 0.983x (per-round ratios
+# 0.981 0.981 1.000 0.997 0.983), 302 launches a step instead of 342; "no-routeint" keeps route_topk.
+ROUTE = True
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
