@@ -4,9 +4,7 @@ nvfp4_int_experts.expert_gate_up_int (x quantized once, outside the timing; quan
 launch configs, at the real geometry (hidden 2048, inter 512, 256 expert rows, 8 routed + the shared expert,
 bf16 x). A CUDA graph of --inner calls, each on its own routed ids and shared expert so that L2 does not keep the
 weights between calls, the median of --repeat replays, in interleaved rounds; prints us a call, GB/s, the ratio
-to the default per round and each arm's act against the fp32 reference. Then the down projection the same way:
-expert_down_parts' float rows against its integer rows (int_dot) at 1 / 2 / 4 warps. The CPU: a small shape
-(interpreter).
+to the default per round and each arm's act against the fp32 reference. The CPU: a small shape (interpreter).
 
     python scripts/bench_nvfp4_int_experts.py [--rounds 3] [--configs 2/1,4/1,1/1,2/2,4/2]
 """
@@ -19,7 +17,6 @@ import torch
 from bench_nvfp4_experts_decode import random_linear  # scripts/ is on the path when this runs as a script
 from bench_nvfp4_int_dot import rounds_table
 from qwenlocal.engine.kernels.nvfp4_experts_decode import expert_gate_up, expert_gate_up_reference
-from qwenlocal.engine.kernels.nvfp4_experts_parts import expert_down_parts, expert_down_parts_reference
 from qwenlocal.engine.kernels.nvfp4_grouped import random_nvfp4_rows
 from qwenlocal.engine.kernels.nvfp4_int_dot import quantize_x16, tables
 from qwenlocal.engine.kernels.nvfp4_int_experts import expert_gate_up_int
@@ -66,28 +63,6 @@ def main() -> None:
     arms["quantize_x16 alone"] = lambda c: quantize_x16(x.reshape(-1))
     rounds_table({name: [lambda c=c, fn=fn: fn(c) for c in cases] for name, fn in arms.items()}, args.rounds,
                  args.repeat, cuda, nbytes)
-    down_table(args, rows, cases, gen, dev, cuda, (h, i, k))
-
-
-def down_table(args, rows, cases, gen, dev, cuda: bool, dims: tuple) -> None:
-    """The down projection alone: expert_down_parts' float rows (the default, 16 rows x 2 warps) against its
-    integer rows (act quantized in each program) at 1 / 2 / 4 warps, the same cases' ids and shared experts."""
-    h, i, k = dims
-    act = torch.randn(k + 1, i, generator=gen, device=dev)
-    weights = torch.softmax(torch.randn(1, k, generator=gen, device=dev), dim=-1)
-    scale = torch.sigmoid(torch.randn(1, generator=gen, device=dev))
-    downs = [random_linear(h, i, dev, gen) for _ in cases]
-    arms = {"down float 16/2": lambda c, d: expert_down_parts(act, weights, c[0], rows, h, i, d, scale, int_dot=False)}
-    for nw in (1, 2, 4):
-        arms[f"down int 16/{nw}"] = lambda c, d, nw=nw: expert_down_parts(act, weights, c[0], rows, h, i, d, scale,
-                                                                         int_dot=True, num_warps=nw)
-    ref = expert_down_parts_reference(act, weights, cases[0][0], rows, h, i, downs[0], scale)
-    for name, fn in arms.items():
-        err = float((fn(cases[0], downs[0]) - ref).abs().max() / ref.abs().max())
-        print(f"{name:<20} max |diff| / max |part| = {err:.2e}", flush=True)
-    nbytes = (k + 1) * (h * i // 2 + h * i // 16)
-    rounds_table({name: [lambda c=c, d=d, fn=fn: fn(c, d) for c, d in zip(cases, downs)]
-                  for name, fn in arms.items()}, args.rounds, args.repeat, cuda, nbytes)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ Why: the eager profile's kernel times do not add up to the graph step. Under pro
 kernel starts (its first block resident) before its predecessor ends, so its duration includes waiting for it,
 and a side stream's kernel overlaps the compute stream's. Here each kernel is charged the time by which it moved
 the step's end: kernels sorted by their end, kernel i is charged e_i - e_(i-1), the first kernel its duration.
-The charges add up to the replay's span (first start to last end). Where two streams overlap (shared_early's
-side stream), the stretch is split between their kernels by the order of their ends: the sum stays the span, and
-neither part is what that kernel would cost alone. Also counted: the idle time between kernels (a start after the
-latest end so far), the part of the span no kernel ran.
+The charges add up to the replay's span (first start to last end). Where two streams overlap (the decode
+overlap's split, offload/overlap.py), the stretch is split between their kernels by the order of their ends: the
+sum stays the span, and neither part is what that kernel would cost alone. Also counted: the idle time between
+kernels (a start after the latest end so far), the part of the span no kernel ran.
 
 Input: chrome-trace events (torch.profiler's export_chrome_trace "traceEvents"), of `steps` replays of one graph;
 kernels are told apart by name and launch shape (grid x block), as profile_decode's launch table does.

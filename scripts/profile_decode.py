@@ -44,7 +44,7 @@ from qwenlocal.engine.kernels import (attention_decode, decode_router, gdn_decod
                                       nvfp4_experts_decode, nvfp4_experts_mma, nvfp4_experts_parts, nvfp4_int_experts,
                                       parts_norm, router_gemv, router_norm, slot_ensure)
 from qwenlocal.engine.bench.measure import device_gbps
-from qwenlocal.engine.model import decode_fused, shared_early
+from qwenlocal.engine.model import decode_fused
 from qwenlocal.engine.roofline import model_step_bytes
 
 
@@ -162,9 +162,8 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
             "guint": (nvfp4_int_experts, "ON"), "mixedfew": (gemv_mixed, "FEWEST_B_TILES"),
-            "dnint": (nvfp4_int_experts, "DOWN"), "rq16": (router_norm, "QUANT_RECOMPUTE"),
-            "sharedearly": (shared_early, "ON"), "routeint": (nvfp4_int_experts, "ROUTE"),
-            "attnmerge": (attention_decode, "MERGE_APART"), "routeensure": (slot_ensure, "ROUTE")}
+            "routeint": (nvfp4_int_experts, "ROUTE"), "attnmerge": (attention_decode, "MERGE_APART"),
+            "routeensure": (slot_ensure, "ROUTE")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

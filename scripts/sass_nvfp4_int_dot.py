@@ -57,32 +57,6 @@ def compile_experts_sm90(block_n: int, num_warps: int, route: bool = False):
                           options=dict(num_warps=num_warps))
 
 
-DOWN_TYPES = {"act_ptr": "*fp32", "wts_ptr": "*bf16", "ids_ptr": "*i64", "words_ptr": "*i32", "bytes_ptr": "*u8",
-              "parts_ptr": "*fp32", "xd_w": "*i32", "xd_s": "*u8", "xd_g": "*fp32", "extra_scale_ptr": "*bf16",
-              "addend_ptr": "*fp32", "x_ptr": "*bf16", "norm_w_ptr": "*bf16", "new_x_out_ptr": "*i16",
-              "new_x_ptr": "*bf16", "norm_ptr": "*fp32", "counters_ptr": "*i32", "tables_ptr": "*i32"}
-DOWN_CONFIGS = [(0, 2), (512, 1), (512, 2), (512, 4)]  # (INT_K: 0 the float rows, warps); 16 rows a program
-
-
-def compile_down_sm90(int_k: int, num_warps: int):
-    """expert_down_parts_kernel as the step launches it (8 routed + the shared expert, the tile sums' tail)."""
-    from qwenlocal.engine.kernels import nvfp4_experts_parts as nep
-    fn = nep.expert_down_parts_kernel
-    sig = {name: DOWN_TYPES.get(name, "constexpr") for name in fn.arg_names}
-    for name in ("H", "I", "row_words", "dn_at", "dn_scale_at", "glob_at"):
-        sig[name] = "i32"
-    sig["eps"] = "fp32"
-    consts = dict(K_ROUTED=8, HAS_EXTRA=True, HAS_EXTRA_SCALE=True, HAS_ADDEND=False, BLOCK_M=16, BLOCK_G=32,
-                  MASKED=False, DECODE="asm", X_SPLIT=True, GROUP_SCALES=True, USE_GDC=True, NORM_TAIL=True,
-                  TILE_SUMS=True, ROUND=1, FENCE=True, INT_K=int_k, INT_G=32, INT_DECODE="asm")
-    if not int_k:
-        sig["tables_ptr"] = "constexpr"
-        consts["tables_ptr"] = None
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
-    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps))
-
-
 def compile_sm90(block_n: int, num_warps: int):
     fn = nid.gemv_int_kernel
     sig = {name: TYPES.get(name, "constexpr") for name in fn.arg_names}
@@ -120,11 +94,6 @@ def main() -> None:
     for block_n, num_warps in EXPERT_CONFIGS[2:3]:
         print_row(compile_experts_sm90(block_n, num_warps, route=True), block_n, num_warps, 2 * block_n * K / 32,
                   out(f"nvfp4_int_experts_route_{block_n}_{num_warps}"), bool(args.dump))
-    print("\nexperts' down (16 rows of I 512 a program with the tile sums' tail; INT_K 0: the float rows; the "
-          "instructions include the tail's)")
-    for int_k, num_warps in DOWN_CONFIGS:
-        print_row(compile_down_sm90(int_k, num_warps), int_k, num_warps, 16 * 512 / 32,
-                  out(f"nvfp4_down_{int_k}_{num_warps}"), bool(args.dump))
 
 
 if __name__ == "__main__":

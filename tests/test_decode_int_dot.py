@@ -33,72 +33,15 @@ def test_the_experts_gate_up_as_integer_dots_keeps_the_logits(quantized_ckpt, mo
     assert torch.equal(apart, on)
 
 
-def test_the_experts_down_as_integer_dots_keeps_the_logits(quantized_ckpt, monkeypatch):  # noqa: F811
-    """nvfp4_int_experts.DOWN: every layer's down launch takes the integer rows (INT_K, counted at the launch),
-    serial, with the shared expert apart and offloaded to slots (the same bytes); the logits at act's
-    quantization level of the float down's, the same argmax."""
-    from qwenlocal.engine.kernels import nvfp4_experts_parts
-
-    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(18))
-    off = _engine(quantized_ckpt, True).score(ids, prefill=24)
-    monkeypatch.setattr(nvfp4_int_experts, "DOWN", True)
-    launches, real = [], nvfp4_experts_parts.expert_down_parts_kernel
-
-    class Spy:  # each launch's INT_K
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append(kwargs.get("INT_K", 0))
-                return real[grid](*args, **kwargs)
-            return launch
-    monkeypatch.setattr(nvfp4_experts_parts, "expert_down_parts_kernel", Spy())
-    eng = _engine(quantized_ckpt, True)
-    on = eng.score(ids, prefill=24)
-    assert len(launches) == 2 * len(eng.model.layers) and all(launches)  # every layer of both decode steps
-    assert torch.equal(on[:24], off[:24])
-    assert ((on[24:] - off[24:]).abs().max() / off[24:].abs().max()) < 1e-3
-    assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
-    apart = _engine(quantized_ckpt, True, "copy-side").score(ids, prefill=24)
-    assert torch.equal(apart, on)
-    assert torch.equal(_engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24), on)
-
-
-def test_the_router_recomputing_its_blocks_gives_the_default_bytes(quantized_ckpt, monkeypatch):  # noqa: F811
-    """router_norm.QUANT_RECOMPUTE (x's blocks from 16 normed values recomputed, not a pass over the row): the
-    fused step's logits byte for byte (the interpreter: one rounding of x * inv + 0.5)."""
-    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(20))
-    default = _engine(quantized_ckpt, True).score(ids, prefill=24)
-    monkeypatch.setattr(router_norm, "QUANT_RECOMPUTE", True)
-    assert torch.equal(_engine(quantized_ckpt, True).score(ids, prefill=24), default)
-
-
-@pytest.mark.parametrize("opts", [{}, {"expert_slots": 12}])
-def test_the_shared_expert_early_gives_the_default_bytes(quantized_ckpt, monkeypatch, opts):  # noqa: F811
-    """shared_early.ON: the shared expert's gate/up launched on its own between the router's launch and route_topk
-    (in the interpreter in place, on a GPU on a side stream), the routed gate/up writing the other rows of act:
-    the fused step's logits byte for byte, offloaded and resident; counted where it runs."""
-    from qwenlocal.engine.model import shared_early
-
-    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(22))
-    default = _engine(quantized_ckpt, True, **opts).score(ids, prefill=24)
-    monkeypatch.setattr(shared_early, "ON", True)
-    started, real = [], shared_early.start
-    monkeypatch.setattr(shared_early, "start", lambda *a, **k: started.append(1) or real(*a, **k))
-    eng = _engine(quantized_ckpt, True, **opts)
-    assert torch.equal(eng.score(ids, prefill=24), default)
-    assert len(started) == 2 * len(eng.model.layers)
-
-
-@pytest.mark.parametrize("opts", [{}, {"routing": {"seed": 5, "length": 7}, "early": True}])
+@pytest.mark.parametrize("opts", [{}, {"routing": {"seed": 5, "length": 7}}])
 def test_the_gate_up_launch_routing_itself_gives_the_default_bytes_without_route_topk(quantized_ckpt, monkeypatch,
                                                                                     opts):  # noqa: F811
     """nvfp4_int_experts.ROUTE (resident experts): the integer gate/up's programs find their experts from the
     router's logits and fill route_topk's outputs for the down launch: the step's logits byte for byte, under a
-    benchmark's routing trace with the shared expert early (shared_early) too, and route_topk never runs in a
-    decode step; offloaded experts (slots to ensure) keep route_topk. bf16, as on a GPU (16-bit logits)."""
-    from qwenlocal.engine.model import moe_fused, shared_early
+    benchmark's routing trace too, and route_topk never runs in a decode step; offloaded experts (slots to
+    ensure) keep route_topk. bf16, as on a GPU (16-bit logits)."""
+    from qwenlocal.engine.model import moe_fused
 
-    opts = dict(opts)
-    monkeypatch.setattr(shared_early, "ON", opts.pop("early", False))
     ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(8))
     monkeypatch.setattr(nvfp4_int_experts, "ROUTE", False)  # route_topk's launch ("no-routeint")
     default = _engine(quantized_ckpt, True, dtype=torch.bfloat16, **opts).score(ids, prefill=24)

@@ -80,16 +80,11 @@ def test_the_ptx_words_give_the_plain_paths_bytes():
     assert torch.equal(gemv_int(packed, scales, g, x, decode="asm"), gemv_int(packed, scales, g, x, decode="plain"))
 
 
-@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("k,dtype", [(2048, torch.bfloat16), (96, torch.float32), (160, torch.bfloat16)])
-def test_the_router_launch_quantizes_its_normed_row_as_quantize_x16(k, dtype, recompute, monkeypatch):
+def test_the_router_launch_quantizes_its_normed_row_as_quantize_x16(k, dtype):
     """router_norm(quantize=True): its programs store the normed row's int16 blocks too, quantize_x16's bytes of
-    the normed row it stores, from the row in registers or (QUANT_RECOMPUTE) from each block's 16 normed values
-    recomputed; the rest of its results as without."""
-    from qwenlocal.engine.kernels import router_norm as rn
+    the normed row it stores; the rest of its results as without."""
     from qwenlocal.engine.kernels.router_norm import router_norm
-
-    monkeypatch.setattr(rn, "QUANT_RECOMPUTE", recompute)
 
     gen = torch.Generator().manual_seed(k)
     x, delta = (torch.randn(1, k, generator=gen).to(dtype).to(DEVICE) for _ in range(2))

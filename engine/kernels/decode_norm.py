@@ -60,7 +60,7 @@ def _add_rms_norm_row(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, row, H, x_st
                       BLOCK_H: tl.constexpr, PARTS: tl.constexpr, FIRST_STORES: tl.constexpr = False):
     """One row of add_rms_norm (also the tail of a producer's launch: gemv_norm; in every program of the router's
     GEMV, router_norm, where FIRST_STORES leaves both stores to program 0). Returns the normed row as stored
-    (rounded to the output dtype), in fp32 registers, and its rstd."""
+    (rounded to the output dtype), in fp32 registers."""
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     # program 0 as a tensor compare: Triton 3.9's interpreter refuses the int32 mask a scalar compare makes here
@@ -79,17 +79,7 @@ def _add_rms_norm_row(x_ptr, delta_ptr, w_ptr, new_x_ptr, norm_ptr, row, H, x_st
     scale = 1.0 + tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     normed = (x * rstd) * scale  # ops.py's order
     _store_exact(norm_ptr + row * norm_stride + cols, normed, store_mask, ROUND == 1)
-    return _round_as(normed, ROUND), rstd
-
-
-@triton.jit
-def normed_elements(x_ptr, delta_ptr, w_ptr, cols, mask, rstd, ROUND: tl.constexpr):
-    """Elements `cols` of _add_rms_norm_row's normed row (plain delta), given its rstd: the same operations
-    element by element, so the same bytes, for a program that needs a few of them apart from the row it holds."""
-    x = _round_as(tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                  + tl.load(delta_ptr + cols, mask=mask, other=0.0).to(tl.float32), ROUND)
-    scale = 1.0 + tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return _round_as((x * rstd) * scale, ROUND)
+    return _round_as(normed, ROUND)
 
 
 def default_norm_warps(block_h: int) -> int:

@@ -25,11 +25,8 @@ from .nvfp4_triton import exact_out
 from .parts_norm import parts_norm_tail
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
-from .nvfp4_expert_rows import down_matrix, extra_down, routed_down, x_tiles
+from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
 from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs
-from . import nvfp4_int_experts
-from .nvfp4_int_dot import tables as int_tables
-from .nvfp4_int_experts import down_rows_int
 
 BLOCK_M = 16  # outputs a program (the H200 sweep's best, docs/RESULTS.md session 6)
 
@@ -39,28 +36,10 @@ def _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I,
                glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, xs, w, mask_w,
                K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
                HAS_ADDEND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
-               DECODE: tl.constexpr, X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr,
-               tables_ptr=None, INT_K: tl.constexpr = 0, INT_G: tl.constexpr = 1, INT_DECODE: tl.constexpr = "plain"):
-    """parts[j, m] for expert j (0..k-1 routed, k the shared one) and outputs m. INT_K (I, > 0): the rows as
-    integer dots with act[j] quantized in the program (nvfp4_int_experts.down_rows_int; INT_G its groups)."""
+               DECODE: tl.constexpr, X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr):
+    """parts[j, m] for expert j (0..k-1 routed, k the shared one) and outputs m."""
     mask_m = m < H
-    if INT_K > 0:
-        out = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if j < K_ROUTED:
-            down, scales, glob = down_matrix(ids_ptr, words_ptr, bytes_ptr, j, row_words, dn_at, dn_scale_at,
-                                             glob_at)
-            out = down_rows_int(act_ptr + j * INT_K, down, scales, tl.load(glob).to(tl.float32, bitcast=True), m,
-                                mask_m, tables_ptr, INT_K, BLOCK_M, INT_G, INT_DECODE)
-            out = out * tl.load(wts_ptr + j).to(tl.float32)
-        else:
-            if HAS_EXTRA:
-                out = down_rows_int(act_ptr + K_ROUTED * INT_K, xd_w, xd_s, tl.load(xd_g), m, mask_m, tables_ptr,
-                                    INT_K, BLOCK_M, INT_G, INT_DECODE)
-                if HAS_EXTRA_SCALE:
-                    out = out * tl.load(extra_scale_ptr).to(tl.float32)
-            if HAS_ADDEND:
-                out = tl.load(addend_ptr + m, mask=mask_m, other=0.0).to(tl.float32)
-    elif j < K_ROUTED:
+    if j < K_ROUTED:
         y, y_scale = routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words, dn_at,
                                   dn_scale_at, glob_at, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, xs, w,
                                   mask_w, ONE_STEP)
@@ -87,14 +66,12 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                              GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False,
                              PERSISTENT: tl.constexpr = False, NORM_TAIL: tl.constexpr = False,
                              ROUND: tl.constexpr = 0, BLOCK_H: tl.constexpr = 16, FENCE: tl.constexpr = False,
-                             TILE_SUMS: tl.constexpr = False, tables_ptr=None, INT_K: tl.constexpr = 0,
-                             INT_G: tl.constexpr = 1, INT_DECODE: tl.constexpr = "plain"):
+                             TILE_SUMS: tl.constexpr = False):
     """Grid (output tiles, k + 1 experts). PERSISTENT (the whole row in one K step): grid (programs an expert,
     k + 1); program (q, j) takes the output tiles q, q + grid, ... of expert j with act[j]'s activations
     loaded once: the same bytes as one program a tile. NORM_TAIL (one program a tile, every part written): the
     next residual add + RMSNorm in the launch's last programs (parts_norm.parts_norm_tail); with TILE_SUMS the
-    new residual and its tiles' sums of squares only (then the shared part may come from a launch before).
-    INT_K (one program a tile): the rows as integer dots (_part_rows)."""
+    new residual and its tiles' sums of squares only (then the shared part may come from a launch before)."""
     gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     j = tl.program_id(1)  # 0..k-1 routed experts, k the shared one
     if PERSISTENT:
@@ -112,7 +89,7 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
         _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words, dn_at, dn_scale_at,
                    glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, None, None, None, K_ROUTED,
                    HAS_EXTRA, HAS_EXTRA_SCALE, HAS_ADDEND, BLOCK_M, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES,
-                   False, tables_ptr, INT_K, INT_G, INT_DECODE)
+                   False)
         if NORM_TAIL:
             parts_norm_tail(parts_ptr, x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm_ptr, counters_ptr, eps, H,
                             tl.program_id(0), tl.num_programs(0), K_ROUTED + 1, BLOCK_M, ROUND, BLOCK_H, FENCE,
@@ -123,10 +100,9 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
                       inter: int, extra: tuple | None = None, extra_scale: torch.Tensor | None = None,
                       addend: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                       write_shared: bool = True, block_m: int | None = None,
-                      block_g: int | None = None, num_warps: int | None = None, decode: str | None = None,
+                      block_g: int | None = None, num_warps: int = 2, decode: str | None = None,
                       x_split: bool = True, group_scales: bool = True, programs: int | None = None,
-                      norm: tuple | None = None, sums: tuple | None = None, int_dot: bool | None = None,
-                      int_decode: str | None = None):
+                      norm: tuple | None = None, sums: tuple | None = None):
     """fp32 parts [k + 1, 1, H]: parts[j] = weights[0, j] * (down_j @ act[j]) for the row rows[ids[0, j]],
     parts[k] = extra_scale * (down_extra @ act[k]) with extra = (down_packed, down_scale, down_scale2), or
     addend [1, H] (any float dtype), or zeros. act fp32 [k (+1), I] (expert_gate_up's). One launch, grid
@@ -142,11 +118,7 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     (the norm within its order of sums), instead of the parts. One program a tile, every part written.
     sums = (x [1, H], counters: launch.new_counter(device, H / block_m)): returns (new_x, tile_sums fp32
     [H / block_m]) instead: new_x = add_rms_norm's, and each tile's sum of squares of it, for a GEMV's norm=
-    (parts_norm.py TILE_SUMS). One program a tile; write_shared=False too (row k written before).
-    int_dot (None: the switch nvfp4_int_experts.DOWN): the rows as integer dots, act quantized to int16 blocks in
-    each program (one program a tile; nvfp4_int_experts.DOWN_WARPS warps unless num_warps is given; the
-    parts at the level of act's blocks, expert_down_parts_int_reference; int_decode: nvfp4_int_dot's DECODE, None:
-    "asm" on CUDA, "plain" in the interpreter)."""
+    (parts_norm.py TILE_SUMS). One program a tile; write_shared=False too (row k written before)."""
     if norm is not None and sums is not None:
         raise ValueError("give norm= or sums=, not both")
     block_m = BLOCK_M if block_m is None else block_m  # read at the call: profile_decode's arm value downbm
@@ -165,17 +137,9 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     if not write_shared and (extra is not None or addend is not None):
         raise ValueError("write_shared=False leaves the shared row to the caller: give neither extra nor addend")
     experts, tiles = k + 1 if write_shared else k, triton.cdiv(hidden, block_m)
-    int_dot = nvfp4_int_experts.DOWN if int_dot is None else int_dot
-    num_warps = num_warps or (nvfp4_int_experts.DOWN_WARPS if int_dot else 2)
     programs = requested_programs(programs, act.device, num_warps, bg * 16 >= inter)
     per_expert = max(1, (programs or 0) // max(1, experts))
     persistent = programs is not None and per_expert < tiles
-    if int_dot and persistent:
-        raise ValueError("the integer down rows take one program a tile, not persistent programs")
-    int_args = {}
-    if int_dot:
-        int_args = dict(tables_ptr=int_tables(act.device), INT_K=inter, INT_G=triton.next_power_of_2(inter // 16),
-                        INT_DECODE=int_decode or ("asm" if rows.is_cuda else "plain"))
     tail = (_sums_tail(sums, act.device, hidden, tiles, not persistent) if sums is not None
             else _norm_tail(norm, act.device, hidden, tiles, write_shared and not persistent))
     expert_down_parts_kernel[(per_expert if persistent else tiles, experts)](
@@ -185,7 +149,7 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
         K_ROUTED=k, HAS_EXTRA=extra is not None, HAS_EXTRA_SCALE=extra_scale is not None,
         HAS_ADDEND=addend is not None, BLOCK_M=block_m, BLOCK_G=bg,
         MASKED=hidden % block_m != 0 or (inter // 16) % bg != 0, DECODE=_decode(decode, rows), X_SPLIT=x_split,
-        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **tail["consts"], **int_args,
+        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **tail["consts"],
         **pdl_launch(act.device))
     return tail["result"] if norm is not None or sums is not None else out
 

@@ -101,16 +101,6 @@ def quantize_row_block(row, b, q16_ptr, scales_ptr, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
-def quantize_block16(v, b, q16_ptr, scales_ptr):
-    """Block b given as its 16 fp32 values v through quantize_blocks' arithmetic: int16 values at q16_ptr +
-    16 b ... (the pairs as int16), its scale at scales_ptr + b."""
-    scale, inv = _block_scale(tl.max(tl.abs(v), axis=0))
-    q = tl.floor(v * inv + 0.5).to(tl.int32)
-    tl.store(q16_ptr + b * 16 + tl.arange(0, 16), q.to(tl.int16))
-    tl.store(scales_ptr + b, scale)
-
-
-@triton.jit
 def quantize_x16_kernel(x_ptr, pairs_ptr, scales_ptr, K, BLOCK_G: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Blocks pid * BLOCK_G ... of 16 elements through quantize_blocks."""
     gdc_prologue(USE_GDC)  # PDL: x is the previous kernel's output

@@ -1,5 +1,4 @@
-"""The batch-1 experts' gate/up (nvfp4_experts_decode.expert_gate_up) and down rows (nvfp4_experts_parts) as
-integer dot products (nvfp4_int_dot).
+"""The batch-1 experts' gate/up (nvfp4_experts_decode.expert_gate_up) as integer dot products (nvfp4_int_dot).
 
 Why: expert_gate_up is the step's largest kernel (9.3 us a layer, 40 layers) and Nsight Compute has it issuing
 instructions half its time at 9.4 SASS instructions a code (docs/RESULTS.md session 18). The same rows, routed
@@ -13,12 +12,7 @@ expert_gate_up's bytes: x's int16 blocks put act within ~2e-4 of the fp32 refere
 under bf16's 2^-9. Reference: expert_gate_up_int_reference (the same integers and order of scaling in torch);
 nvfp4_experts_decode.expert_gate_up_reference for the value it approximates.
 
-The down rows (down_rows_int, in expert_down_parts' programs with int_dot): each program quantizes the act row
-it needs (fp32, gate/up's output) to the same int16 blocks as quantize_x16 (x_pairs_of_values), then the same
-rows_dot. Reference: expert_down_parts_int_reference.
-
-Status: gate/up on by default (the switch ON, decode_fused), since its GPU A/B (session 19); the down rows behind
-DOWN until theirs.
+Status: on by default (the switch ON, decode_fused), since its GPU A/B (session 19).
 """
 from __future__ import annotations
 
@@ -30,8 +24,7 @@ import triton.language as tl
 from .launch import gdc_prologue, pdl_launch
 from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
-from .nvfp4_int_dot import (_block_scale, gemv_int_reference, pair_operands, quantize_x16, rows_dot, tables,
-                            x_pair_tiles)
+from .nvfp4_int_dot import gemv_int_reference, quantize_x16, rows_dot, tables, x_pair_tiles
 from .route_keys import route_args, route_rank_key, store_route
 from ..quant.nvfp4_rows import unpack_nvfp4_expert
 
@@ -41,14 +34,7 @@ from ..quant.nvfp4_rows import unpack_nvfp4_expert
 # (gate/up 9.25 -> 7.85 us, router_norm 3.13 -> 3.79 us). act at the level of x's int16 blocks, not
 # expert_gate_up's bytes; "no-guint" is the float kernel.
 ON = True
-# The experts' down projection (nvfp4_experts_parts.expert_down_parts) the same way, act quantized to int16 blocks
-# in each program (down_rows_int): off until its GPU A/B (profile_decode arm "dnint"). Parts at the level of act's
-# blocks; the same tiles of 16 outputs, so the arrival counters and tile sums are the float kernel's.
-DOWN = False
-# Warps a program of 16 rows: 2 compile to 72 registers and 1,368 SASS instructions with the tile sums' tail (the
-# float rows: 96 and 1,952); 1 warp to 128 and 2,168, 4 to 40 and 1,032 (Triton 3.6.0, sm_90:
-# scripts/sass_nvfp4_int_dot.py).
-DOWN_WARPS = 2
+# The down rows as integer dots (dnint) lost 1.08x the step (docs/RESULTS.md session 21); history: 52f5195
 # The routed gate/up programs find their own experts from the router's 16-bit logits (expert_gate_up_int route=)
 # where the experts are resident (no slot map to ensure first): no route_topk launch (moe_fused.routes_itself).
 # Leaving route_topk out made the step 0.938x (the drop-route ceiling, docs/RESULTS.md session 15); the same
@@ -95,33 +81,6 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
     gate = gate * (g_gate * 0.5)  # the codes count double
     up = up * (g_up * 0.5)
     tl.store(act_ptr + j * I + n, gate / (1.0 + tl.exp(-gate)) * up, mask=mask_n)
-
-
-@triton.jit
-def x_pairs_of_values(v_ptr, tables_ptr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
-    """x_pair_tiles' operands for K fp32 values at v_ptr quantized here (quantize_blocks' arithmetic, the same
-    integers and scales): for a program whose x is the previous kernel's fp32 output (the experts' act), each
-    program quantizes the K values it needs instead of a launch of its own."""
-    grp = tl.arange(0, BLOCK_G)
-    mask_g = grp < K // 16
-    # element 16 g + 8 h + 2 i + e: pair i of word h of group g, e its half
-    offs = (grp[:, None, None, None] * 16 + (tl.arange(0, 2) * 8)[None, :, None, None]
-            + (tl.arange(0, 4) * 2)[None, None, :, None] + tl.arange(0, 2)[None, None, None, :])
-    v = tl.load(v_ptr + offs, mask=mask_g[:, None, None, None], other=0.0).to(tl.float32)
-    xs, inv = _block_scale(tl.max(tl.max(tl.max(tl.abs(v), axis=3), axis=2), axis=1))
-    q = tl.floor(v * inv[:, None, None, None] + 0.5).to(tl.int32)
-    lo, hi = tl.split(q)
-    p0, p1, p2, p3, tp0, tn0 = pair_operands((lo & 0xFFFF) | (hi << 16), tables_ptr, BLOCK_N, BLOCK_G)
-    return p0, p1, p2, p3, tp0, tn0, tl.where(mask_g, xs, 0.0)
-
-
-@triton.jit
-def down_rows_int(v_ptr, w, s, g, m, mask_m, tables_ptr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_G: tl.constexpr, DECODE: tl.constexpr):
-    """Rows m of an NVFP4 down matrix (int32 words from w, K / 8 a row; scale bytes from s; global g, a fp32
-    scalar) times the K fp32 activations at v_ptr, as integer dots: fp32 [BLOCK_M], the codes' factor 2 undone."""
-    p0, p1, p2, p3, tp0, tn0, xs = x_pairs_of_values(v_ptr, tables_ptr, K, BLOCK_M, BLOCK_G)
-    return rows_dot(w, s, m.to(tl.int64), mask_m, p0, p1, p2, p3, tp0, tn0, xs, K, BLOCK_G, DECODE) * (g * 0.5)
 
 
 def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Tensor, hidden: int, inter: int,
@@ -180,22 +139,3 @@ def expert_gate_up_int_reference(x: torch.Tensor, ids: torch.Tensor, rows: torch
         u = gemv_int_reference(upk, us, ug, xf)
         act.append(F.silu(g) * u)
     return torch.stack(act)
-
-
-def expert_down_parts_int_reference(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
-                                    hidden: int, inter: int, extra: tuple | None = None,
-                                    extra_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """expert_down_parts' parts [k + 1, 1, H] with the down rows as integer dots (nvfp4_experts_parts, DOWN on), in
-    torch: parts[j] = weights[j] * gemv_int_reference(down_j, act[j]); the shared row the same with extra_scale,
-    or zeros without extra. The order of the scalings may differ from the kernel's by fp32 rounding."""
-    wts = weights.reshape(-1).float()
-    parts = []
-    for j, e in enumerate(ids.reshape(-1).tolist()):
-        dp, ds, dg = unpack_nvfp4_expert(rows[e], hidden, inter)[2]
-        parts.append(wts[j] * gemv_int_reference(dp, ds, dg, act[j]))
-    if extra is not None:
-        y = gemv_int_reference(*extra, act[ids.shape[-1]])
-        parts.append(extra_scale.reshape(()).float() * y if extra_scale is not None else y)
-    else:
-        parts.append(torch.zeros(hidden, device=act.device))
-    return torch.stack(parts)[:, None, :]

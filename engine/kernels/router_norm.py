@@ -23,17 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_norm import _add_rms_norm_row, normed_elements, round_code
+from .decode_norm import _add_rms_norm_row, round_code
 from .launch import gdc_prologue, pdl_launch
-from .nvfp4_int_dot import quantize_block16, quantize_row_block, x16_buffers
+from .nvfp4_int_dot import quantize_row_block, x16_buffers
 from .nvfp4_triton import _store_exact, exact_out
 
 FUSED = True  # measured: docs/RESULTS.md session 11 call 2 (the profile_decode arm "routernorm")
-# x's int16 blocks for the integer gate/up (quantize=True), each from its 16 normed values recomputed from memory
-# with the row's rstd instead of a masked pass over the 2,048-value row in registers (a cross-warp max and 32
-# predicated stores a thread). Why: the blocks cost router_norm 3.13 -> 3.79 us a launch (docs/RESULTS.md
-# session 19). The same bytes; off until its GPU A/B (profile_decode arm "rq16").
-QUANT_RECOMPUTE = False
+# x's int16 blocks recomputed from memory (rq16) lost 1.74x the step (docs/RESULTS.md session 21); history: 52f5195
 # (Tried: route_topk's packed-key top-k in this launch's last program to arrive; removed after its A/B,
 # docs/RESULTS.md session 18: 1.017x the step.)
 
@@ -41,13 +37,10 @@ QUANT_RECOMPUTE = False
 @triton.jit
 def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, router_ptr, gate_ptr, logits_ptr, E,
                        eps, K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
-                       USE_GDC: tl.constexpr = False, pairs_ptr=None, scales_ptr=None, QUANT: tl.constexpr = False,
-                       QUANT_RECOMPUTE: tl.constexpr = False):
+                       USE_GDC: tl.constexpr = False, pairs_ptr=None, scales_ptr=None, QUANT: tl.constexpr = False):
     """Program pid: rows pid * BLOCK_N ... of [router (E rows) | shared gate (row E)] times the normed row;
     program 0 also stores the new residual and the normed row (int16 views for bf16); QUANT: the programs store
-    the normed row's nvfp4_int_dot int16 blocks pid, pid + programs, ... (the integer gate/up's input);
-    QUANT_RECOMPUTE: each block from its 16 normed values recomputed (decode_norm.normed_elements, the same
-    bytes), not from a masked pass over the whole row in registers."""
+    the normed row's nvfp4_int_dot int16 blocks pid, pid + programs, ... (the integer gate/up's input)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows <= E
@@ -58,19 +51,14 @@ def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, rout
     tile = tl.load(base[:, None] + cols[None, :], mask=mask_n[:, None] & mask_k[None, :],
                    other=0.0)  # weights: nothing of this step writes them, so before the PDL wait
     gdc_prologue(USE_GDC)  # PDL: the residual and the mixer's output are read only after this
-    normed, rstd = _add_rms_norm_row(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, 0, K, 0, 0, 0, 0, eps, 0,
-                                     True, ROUND, BLOCK_H, 0, FIRST_STORES=True)
+    normed = _add_rms_norm_row(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, 0, K, 0, 0, 0, 0, eps, 0,
+                               True, ROUND, BLOCK_H, 0, FIRST_STORES=True)
     logits = tl.sum(tile.to(tl.float32) * normed[None, :], axis=1)
     _store_exact(logits_ptr + rows, logits, mask_n, ROUND == 1)
     if QUANT:  # each program its share of the blocks (at the real size one each), not program 0 all of them
         # pairs_ptr: the pairs as int16
         for b in range(pid, K // 16, tl.num_programs(0)):
-            if QUANT_RECOMPUTE:  # the block's 16 normed values again from memory: no pass over the whole row
-                c16 = b * 16 + tl.arange(0, 16)
-                quantize_block16(normed_elements(x_ptr, delta_ptr, norm_w_ptr, c16, c16 < K, rstd, ROUND), b,
-                                 pairs_ptr, scales_ptr)
-            else:
-                quantize_row_block(normed, b, pairs_ptr, scales_ptr, BLOCK_H)
+            quantize_row_block(normed, b, pairs_ptr, scales_ptr, BLOCK_H)
 
 
 def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps: float, router_w: torch.Tensor,
@@ -104,5 +92,5 @@ def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps:
         shared_gate.contiguous(), exact_out(logits), e, eps,
         K=k, BLOCK_H=triton.next_power_of_2(k), BLOCK_N=block_n, ROUND=round_code(x.dtype),
         num_warps=num_warps or 2, **pdl_launch(x.device), pairs_ptr=xq[0].view(torch.int16) if quantize else None,
-        scales_ptr=xq[1], QUANT=quantize, QUANT_RECOMPUTE=QUANT_RECOMPUTE)
+        scales_ptr=xq[1], QUANT=quantize)
     return (new_x, normed, logits, xq) if quantize else (new_x, normed, logits)

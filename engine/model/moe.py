@@ -84,10 +84,6 @@ class ResidentExperts:
     def for_decode(self, ids: torch.Tensor):
         return ids, self.weights, _nothing_to_copy
 
-    def decode_bank(self) -> torch.Tensor:
-        """The first of for_decode's weights without a routing (a kernel's pointer stand-in)."""
-        return self.weights[0]
-
     def for_prefill(self, ids: torch.Tensor):
         return ids, self.weights
 

@@ -4,8 +4,7 @@ themselves: nvfp4_int_experts.ROUTE), the slots ensured and the misses copied wh
 then the routed experts and the shared one over NVFP4 bytes in two launches (gate/up, then the down rows
 leaving a part per expert, their sum and the next layer's input norm by the down launch's per-tile tails:
 parts_norm.TILE_SUMS), serially or with the shared expert apart beside the miss copy (the decode overlap's
-split), or with the shared expert's gate/up early on a side stream (shared_early). Dense experts (the BF16
-checkpoint) take the fused router and the unfused expert kernels."""
+split). Dense experts (the BF16 checkpoint) take the fused router and the unfused expert kernels."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -22,7 +21,6 @@ from ..kernels.nvfp4_experts_parts import expert_down_parts
 from ..kernels.route_keys import MAX_EXPERTS
 from ..quant.linear import QuantLinear
 from ..quant.scheme import NVFP4
-from . import shared_early
 from .fused_parts import DeferredNorm, counters_for, project, stand_in, weight_format
 from ..offload.experts import OffloadedExperts
 from .moe import ResidentExperts
@@ -95,37 +93,27 @@ def router_takes_the_norm(moe: "SparseMoE", x: torch.Tensor) -> bool:
 
 
 def _route_with_norm(moe: "SparseMoE", pending: tuple, drop_route: bool = False):
-    """(weights, ids, shared_scale, new_x, normed, xq, aside, route): pending = (x, mixer delta, post_norm, eps)
-    normed by the router's programs, then route_topk's tail on their logits; xq: the normed row's int16 blocks
-    where the experts' gate/up takes them (_int_gate_up), else None; aside: the shared expert's gate/up forked
-    between the two launches (shared_early), else None; route: route= for a later launch that does route_topk's
-    work, the integer gate/up's (routes_itself) or the slot cache's ensure (routes_in_ensure), else None;
-    weights, ids and shared_scale are then the empty tensors it fills."""
+    """(weights, ids, shared_scale, new_x, normed, xq, route): pending = (x, mixer delta, post_norm, eps) normed
+    by the router's programs, then route_topk's tail on their logits; xq: the normed row's int16 blocks where the
+    experts' gate/up takes them (_int_gate_up), else None; route: route= for a later launch that does
+    route_topk's work, the integer gate/up's (routes_itself) or the slot cache's ensure (routes_in_ensure), else
+    None; weights, ids and shared_scale are then the empty tensors it fills."""
     quantize = _int_gate_up(moe)
     out = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate, quantize=quantize)
     new_x, h, router_logits = out[:3]
     xq = out[3] if quantize else None
-    aside = None
-    if shared_early.wanted(moe, quantize) and moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe):
-        gate, up, _ = nvfp4_triples(*moe.shared)
-        aside = shared_early.start(moe, h, xq, gate + up, moe.experts.decode_bank())
-    try:
-        if drop_route:
-            return (*_dropped_route(moe, h), new_x, h, xq, aside, None)
-        if routes_itself(moe, router_logits) or routes_in_ensure(moe, router_logits):  # a later launch routes
-            k = moe.top_k
-            weights = torch.empty(1, k, device=h.device, dtype=h.dtype)
-            ids = torch.empty(1, k, device=h.device, dtype=torch.int64)
-            shared_scale = torch.empty(1, device=h.device, dtype=torch.float32)
-            route = (router_logits.reshape(-1), moe.router_w.shape[0], weights, ids, shared_scale)
-            return weights, ids, shared_scale, new_x, h, xq, aside, route
-        weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k,
-                                                h.dtype)
-    except BaseException:
-        if aside is not None:  # no side work outlives its layer
-            aside.join()
-        raise
-    return weights, ids, shared_scale, new_x, h, xq, aside, None
+    # Shared gate/up on a side stream (sharedearly) lost 1.06x the step (docs/RESULTS.md session 21); history: 52f5195
+    if drop_route:
+        return (*_dropped_route(moe, h), new_x, h, xq, None)
+    if routes_itself(moe, router_logits) or routes_in_ensure(moe, router_logits):  # a later launch routes
+        k = moe.top_k
+        weights = torch.empty(1, k, device=h.device, dtype=h.dtype)
+        ids = torch.empty(1, k, device=h.device, dtype=torch.int64)
+        shared_scale = torch.empty(1, device=h.device, dtype=torch.float32)
+        route = (router_logits.reshape(-1), moe.router_w.shape[0], weights, ids, shared_scale)
+        return weights, ids, shared_scale, new_x, h, xq, route
+    weights, ids, shared_scale = route_topk(router_logits.reshape(-1), moe.router_w.shape[0], moe.top_k, h.dtype)
+    return weights, ids, shared_scale, new_x, h, xq, None
 
 
 def routes_itself(moe: "SparseMoE", logits: torch.Tensor) -> bool:
@@ -161,33 +149,28 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor
     input norm, parts_norm.TILE_SUMS on, an NVFP4 parts launch): (new_x, DeferredNorm) instead of (new_x, normed).
     drop_route: the drop-route ceiling (decode_fused.DROP): fixed weights and ids, no top-k launch."""
     if pending is not None:
-        weights, ids, shared_scale, new_x, h, xq, aside, route = _route_with_norm(moe, pending, drop_route)
+        weights, ids, shared_scale, new_x, h, xq, route = _route_with_norm(moe, pending, drop_route)
         if next_norm is not None:
             next_norm = (new_x, *next_norm[1:])
-        try:
-            return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm, xq,
-                                           aside, route)
-        finally:  # no side work outlives its layer (joined before the down launch already; once)
-            if aside is not None:
-                aside.join()
+        return new_x, _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm, xq,
+                                       route)
     weights, ids, shared_scale = _route(moe, h, drop_route)
     return _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm)
 
 
 def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra, site: str,
-             xq: tuple | None = None, out: torch.Tensor | None = None, route: tuple | None = None,
-             trace_ids: torch.Tensor | None = None):
+             xq: tuple | None = None, route: tuple | None = None, trace_ids: torch.Tensor | None = None):
     """expert_gate_up's act: as integer dots where xq (h's int16 blocks, _int_gate_up) is given; on the tensor
     cores where nvfp4_experts_mma.FUSED and the layer allows it (K in whole split steps; its input norm's
     outputs fit fp16: moe.mma_ok, set by forward on an eager step). site: the call site's arrival counters on
-    moe (one set a launch site: serial, shared apart, routed). out: where the integer path writes act. route:
-    the integer launch's programs route themselves (routes_itself; ids are then route's, filled by it), with a
-    benchmark's trace_ids as their rows where given."""
+    moe (one set a launch site: serial, shared apart, routed). route: the integer launch's programs route
+    themselves (routes_itself; ids are then route's, filled by it), with a benchmark's trace_ids as their rows
+    where given."""
     if route is not None:
-        return nvfp4_int_experts.expert_gate_up_int(h, trace_ids, rows, moe.hidden, moe.inter, extra, out=out, xq=xq,
+        return nvfp4_int_experts.expert_gate_up_int(h, trace_ids, rows, moe.hidden, moe.inter, extra, xq=xq,
                                                     route=route)
     if xq is not None:
-        return nvfp4_int_experts.expert_gate_up_int(h, ids, rows, moe.hidden, moe.inter, extra, out=out, xq=xq)
+        return nvfp4_int_experts.expert_gate_up_int(h, ids, rows, moe.hidden, moe.inter, extra, xq=xq)
     cfg = nvfp4_experts_mma.CONFIG
     if (nvfp4_experts_mma.FUSED and getattr(moe, "mma_ok", False)
             and nvfp4_experts_mma.step_codes(moe.hidden, cfg["split"]) is not None):
@@ -199,13 +182,11 @@ def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.T
 
 
 def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_scale, trace_ids, next_norm,
-                     defer_norm: bool = False, xq: tuple | None = None, aside=None, route: tuple | None = None):
+                     defer_norm: bool = False, xq: tuple | None = None, route: tuple | None = None):
     """moe_decode after the router: the experts (and the shared one) of this token. xq: h's int16 blocks where
-    the router's launch made them (the integer gate/up; made here otherwise). aside: the shared expert's act
-    being made on a side stream (shared_early): the routed gate/up writes the other rows, the down launch
-    waits for it. route: a later launch does route_topk's work, filling weights, ids and shared_scale before the
-    down launch reads them: the slot cache's ensure where the experts are offloaded (routes_in_ensure), else the
-    integer gate/up (routes_itself)."""
+    the router's launch made them (the integer gate/up; made here otherwise). route: a later launch does
+    route_topk's work, filling weights, ids and shared_scale before the down launch reads them: the slot cache's
+    ensure where the experts are offloaded (routes_in_ensure), else the integer gate/up (routes_itself)."""
     sums = _sums_tail(moe, next_norm, moe.hidden) if defer_norm else None
     if trace_ids is not None:  # forward gathers them for every layer (model.routing is every layer's moe.routing)
         ids = trace_ids
@@ -224,14 +205,7 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         # The down projection leaves one fp32 part per expert ([k + 1, 1, H]); the next add_rms_norm sums them.
         if moe.overlap.split == "off":
             copy()
-            if aside is not None:
-                act = aside.act
-                _gate_up(moe, h, slots, rows, None, "mma_counters_routed", xq, out=act[:slots.shape[-1]], route=route,
-                         trace_ids=trace_ids)
-                aside.join()
-            else:
-                act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters", xq, route=route,
-                               trace_ids=trace_ids)
+            act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters", xq, route=route, trace_ids=trace_ids)
             if sums is not None:  # the next norm left to the next layer's first GEMV
                 return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                                    extra_scale=shared_scale, sums=sums), next_norm)

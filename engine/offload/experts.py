@@ -20,10 +20,6 @@ class OffloadedExperts:
         copy.inputs = (plan.src, plan.dst, plan.count)  # read on the side stream when the copy is forked
         return slots, self.cache.decode_weights, copy
 
-    def decode_bank(self) -> torch.Tensor:
-        """The slots' first decode weights without a routing (a kernel's pointer stand-in: no slot is read)."""
-        return self.cache.decode_weights[0]
-
     def for_prefill(self, ids: torch.Tensor):
         """-> (ids as the kernel indexes them, its weights). A short prompt (the runner says so) goes through
         the slots: only its missing experts cross PCIe, not the layer's whole bank."""
