@@ -27,6 +27,7 @@ import torch
 
 from profile_decode import add_step_arguments  # scripts/ is on the path when this runs as a script
 from qwenlocal.engine import Engine
+from qwenlocal.engine.errors import OptionError
 from qwenlocal.engine.runtime.generate import GenerationStats, generate_tokens
 from qwenlocal.engine.runtime.sampler import SamplingParams, sample_tensor
 
@@ -78,17 +79,27 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64, help="decode steps per arm per round")
     p.add_argument("--arms", default="host,device,chat,argmax")
     p.add_argument("--json", default=None)
+    # The synthetic models carry no generation_config (T=1, no top-k / top-p cut); Qwen3.6's is T=1.0, top_p 0.95,
+    # top_k 20: give those here to time the sampler a user of the real checkpoint runs.
+    p.add_argument("--temperature", type=float, default=None, help="override the checkpoint's sampling")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
     a = p.parse_args()
     arms = [x for x in a.arms.split(",") if x]
     if not arms or any(x not in ("host", "device", "chat", "argmax") for x in arms):
         raise SystemExit("--arms: a comma-separated choice of host, device, chat, argmax")
     if a.rounds < 3:
         raise SystemExit("--rounds: at least 3 (the protocol's pairs)")
+    overrides = {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k}
+    try:  # a bad value stops here, before the model's minutes of loading
+        SamplingParams().updated(overrides)
+    except OptionError as e:
+        raise SystemExit(f"sampling: {e}")
     extra = a.rounds * len(arms) * a.tokens + 64
     opts = {"max_context": a.context + extra, "routing": a.routing}
     t0 = time.perf_counter()
     eng = Engine.from_pretrained(a.model, device="cuda", dtype=torch.bfloat16, vram_budget=a.vram_budget, options=opts)
-    params = eng.sampling_defaults
+    params = eng.sampling_defaults.updated(overrides)
     runner = eng.runner
     state = runner.new_state()
     print(f"loaded in {time.perf_counter() - t0:.1f} s", flush=True)  # progress: a cut-off run says where
