@@ -9,7 +9,8 @@ in turn (DESIGN.md's interleaving; the context grows by tokens x arms a round, t
             of session 10's call 2);
   - chat:   runtime/generate.py generate_tokens itself (a step ahead: the next decode is launched before a token's
             id is read), continuing the same sequence;
-  - argmax: greedy, the token kept on the GPU, no host sync: the decode step alone (the bench's --sampling argmax).
+  - argmax: greedy, the token kept on the GPU, no host sync: the decode step alone (the bench's --sampling argmax);
+  - fused:  the chat loop with the sampler's draw in two Triton launches (kernels/sample_fused.py, sampler.FUSED_DRAW).
 Sampling: the checkpoint's defaults (Qwen3.6: T=1.0, top_p 0.95, top_k 20) over the full logits width (248,320 for
 the real geometry; a synthetic model's tokenizer has fewer ids, the real one has 248K).
 
@@ -29,6 +30,7 @@ from profile_decode import add_step_arguments  # scripts/ is on the path when th
 from qwenlocal.engine import Engine
 from qwenlocal.engine.errors import OptionError
 from qwenlocal.engine.runtime.generate import GenerationStats, generate_tokens
+from qwenlocal.engine.runtime import sampler
 from qwenlocal.engine.runtime.sampler import SamplingParams, sample_tensor
 
 
@@ -52,6 +54,12 @@ def run_arm(name: str, runner, state, token: torch.Tensor, params, gen, steps: i
     dev = token.device
     torch.cuda.synchronize()
     t0 = time.perf_counter()
+    if name == "fused":  # the chat loop with the two-launch sampler
+        sampler.FUSED_DRAW = True
+        try:
+            return run_arm("chat", runner, state, token, params, gen, steps)
+        finally:
+            sampler.FUSED_DRAW = False
     if name == "chat":  # `steps` decodes: the first gives the logits generate_tokens starts from
         loop = replace(params, max_tokens=steps, seed=None)
         for last in generate_tokens(runner, state, [], loop, (), GenerationStats(),
@@ -86,8 +94,8 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=None)
     a = p.parse_args()
     arms = [x for x in a.arms.split(",") if x]
-    if not arms or any(x not in ("host", "device", "chat", "argmax") for x in arms):
-        raise SystemExit("--arms: a comma-separated choice of host, device, chat, argmax")
+    if not arms or any(x not in ("host", "device", "chat", "argmax", "fused") for x in arms):
+        raise SystemExit("--arms: a comma-separated choice of host, device, chat, argmax, fused")
     if a.rounds < 3:
         raise SystemExit("--rounds: at least 3 (the protocol's pairs)")
     overrides = {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k}

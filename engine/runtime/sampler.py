@@ -10,6 +10,10 @@ import torch
 
 from ..errors import OptionError
 
+# The draw in two Triton launches (kernels/sample_fused.py; imported only when on: Triton is Linux-only). Off
+# until its GPU A/B (bench_chat_loop.py's arm "fused").
+FUSED_DRAW = False
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -93,6 +97,12 @@ def sample_tensor(logits: torch.Tensor, params: SamplingParams, generator: torch
     prefix whose mass reaches top_p (the first always kept)."""
     if params.greedy:
         return logits.argmax(-1, keepdim=True)
+    if FUSED_DRAW:
+        from ..kernels import sample_fused
+
+        if sample_fused.handles(logits, params.temperature, params.top_k, params.top_p):
+            u = float(torch.rand((), generator=generator))  # the same one draw as below
+            return sample_fused.sample(logits, params.temperature, params.top_k, params.top_p, u)
     scores = logits.float() / params.temperature
     order = None
     if params.top_k and params.top_k < scores.shape[-1]:
