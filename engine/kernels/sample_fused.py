@@ -47,6 +47,18 @@ def _id(key):
 
 
 @triton.jit
+def _top_keys(keys, TOP_K: tl.constexpr, KP: tl.constexpr):
+    """[KP] the TOP_K largest keys in descending order (NONE after them): one max a round, the found one removed."""
+    rank = tl.arange(0, KP)
+    top = tl.full([KP], NONE, tl.int64)
+    for r in tl.static_range(TOP_K):
+        best = tl.max(keys, axis=0)
+        top = tl.where(rank == r, best, top)
+        keys = tl.where(keys == best, NONE, keys)
+    return top
+
+
+@triton.jit
 def candidates_kernel(logits_ptr, cand_ptr, V, temperature, TOP_K: tl.constexpr, KP: tl.constexpr,
                       CHUNK: tl.constexpr):
     """Program p: logits p * CHUNK ...; TOP_K > 0: their k best keys at cand[p * KP ...] (NONE past k or past the
@@ -56,14 +68,8 @@ def candidates_kernel(logits_ptr, cand_ptr, V, temperature, TOP_K: tl.constexpr,
     valid = ids < V
     scores = tl.math.div_rn(tl.load(logits_ptr + ids, mask=valid, other=0.0).to(tl.float32), temperature)
     if TOP_K > 0:
-        keys = tl.where(valid, _keys(scores, ids), NONE)
-        rank = tl.arange(0, KP)
-        best = tl.full([KP], NONE, tl.int64)
-        for r in tl.static_range(TOP_K):
-            top = tl.max(keys, axis=0)
-            best = tl.where(rank == r, top, best)
-            keys = tl.where(keys == top, NONE, keys)
-        tl.store(cand_ptr + p * KP + rank, best)
+        best = _top_keys(tl.where(valid, _keys(scores, ids), NONE), TOP_K, KP)
+        tl.store(cand_ptr + p * KP + tl.arange(0, KP), best)
     else:
         scores = tl.where(valid, scores, float("-inf"))
         m = tl.max(scores, axis=0)
@@ -78,13 +84,8 @@ def pick_kernel(logits_ptr, cand_ptr, out_ptr, V, temperature, top_p, u, P, TOP_
     """One program: the drawn id at out[0] (int64). BLOCK: a power of 2 >= P * KP (TOP_K > 0) or >= P."""
     at = tl.arange(0, BLOCK)
     if TOP_K > 0:
-        keys = tl.load(cand_ptr + at, mask=at < P * KP, other=NONE)
+        top = _top_keys(tl.load(cand_ptr + at, mask=at < P * KP, other=NONE), TOP_K, KP)
         rank = tl.arange(0, KP)
-        top = tl.full([KP], NONE, tl.int64)
-        for r in tl.static_range(TOP_K):
-            best = tl.max(keys, axis=0)
-            top = tl.where(rank == r, best, top)
-            keys = tl.where(keys == best, NONE, keys)
         kept = rank < TOP_K
         scores = tl.where(kept, _score(top), float("-inf"))
         e = tl.exp(scores - tl.max(scores, axis=0))
