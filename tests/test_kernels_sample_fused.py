@@ -1,5 +1,5 @@
 """The sampler's draw in two launches (kernels/sample_fused.py) against sample_tensor's torch arithmetic
-(sample_reference) on awkward vocabulary sizes: the same id for uniforms away from the CDF's boundaries (where
+(sampler.draw) on awkward vocabulary sizes: the same id for uniforms away from the CDF's boundaries (where
 the order of the float sums cannot decide), top-k with and without top-p, the no-cut draw over whole chunks and a
 ragged last one, ties to the lower id, the cases it leaves to torch; and sample_tensor with the switch on draws
 the same tokens from the same seeds. In Triton's interpreter on the CPU, natively on a GPU."""
@@ -9,9 +9,9 @@ import torch
 pytest.importorskip("triton")
 
 from qwenlocal.engine.kernels import sample_fused  # noqa: E402
-from qwenlocal.engine.kernels.sample_fused import handles, sample, sample_reference  # noqa: E402
+from qwenlocal.engine.kernels.sample_fused import handles, sample  # noqa: E402
 from qwenlocal.engine.runtime import sampler  # noqa: E402
-from qwenlocal.engine.runtime.sampler import SamplingParams, sample_tensor  # noqa: E402
+from qwenlocal.engine.runtime.sampler import SamplingParams, draw, sample_tensor  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -50,7 +50,7 @@ def test_top_k_draws_the_references_id(v, top_k, top_p, temperature):
     for u, want in _inner_uniforms(logits, temperature, top_k, top_p, picks=4 if v > 100_000 else 12):
         got = sample(logits, temperature, top_k, top_p, u)
         assert got.dtype == torch.int64 and got.shape == (1,) and got.device == logits.device
-        assert int(got) == want == int(sample_reference(logits, temperature, top_k, top_p, u)), u
+        assert int(got) == want == int(draw(logits, temperature, top_k, top_p, u)), u
 
 
 @pytest.mark.parametrize("v, temperature", [(3000, 0.7), (2048, 1.0), (4097, 1.0), (248_320, 1.0), (17, 2.0)])
@@ -58,7 +58,7 @@ def test_the_no_cut_draw_finds_the_references_id_across_chunks(v, temperature):
     logits = _logits(v, v)
     for u, want in _inner_uniforms(logits, temperature, 0, 1.0, picks=6 if v > 100_000 else 16):
         assert int(sample(logits, temperature, 0, 1.0, u)) == want == int(
-            sample_reference(logits, temperature, 0, 1.0, u)), u
+            draw(logits, temperature, 0, 1.0, u)), u
 
 
 def test_random_uniforms_agree_with_the_reference():
@@ -68,7 +68,7 @@ def test_random_uniforms_agree_with_the_reference():
     for v, k, p in [(5003, 20, 0.95), (6000, 0, 1.0)]:
         logits = torch.randn(v, generator=g).mul(2.5).to(DEVICE)
         for u in torch.rand(24, generator=g).tolist():
-            assert int(sample(logits, 1.0, k, p, u)) == int(sample_reference(logits, 1.0, k, p, u))
+            assert int(sample(logits, 1.0, k, p, u)) == int(draw(logits, 1.0, k, p, u))
 
 
 def test_ties_take_the_lower_id_and_a_chunk_of_minus_inf_has_no_mass():

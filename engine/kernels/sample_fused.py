@@ -13,7 +13,7 @@ The uniform u is sample_tensor's (one draw of its CPU generator), so a seed draw
 path, up to the order of the float sums (softmax's total, the CDF) where u falls within an ulp of a boundary.
 top_k in 1..MAX_K, or no cut at all; top_p < 1 without top_k (a full sort) stays on the torch path (handles()).
 Off until its GPU A/B (the switch sampler.FUSED_DRAW; bench_chat_loop.py's arm "fused"). Reference:
-sample_reference below, the torch path's arithmetic with a given u.
+runtime/sampler.draw, the torch path itself with a given u.
 """
 from __future__ import annotations
 
@@ -142,19 +142,3 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
     pick_kernel[(1,)](logits, cand, out, v, float(temperature), float(top_p), float(u), programs, TOP_K=k, KP=kp,
                       BLOCK=block, CHUNK=CHUNK, CUT_P=bool(k) and top_p < 1.0, num_warps=8)
     return out
-
-
-def sample_reference(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u: float) -> torch.Tensor:
-    """runtime/sampler.sample_tensor's arithmetic with the uniform u given (fp32, as it runs)."""
-    scores = logits.float() / temperature
-    order = None
-    if top_k and top_k < scores.shape[-1]:
-        scores, order = torch.topk(scores, top_k)
-    elif top_p < 1.0:
-        scores, order = torch.sort(scores, descending=True)
-    probs = torch.softmax(scores, dim=-1)
-    if top_p < 1.0:
-        probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)
-    cdf = probs.cumsum(-1)
-    pick = torch.searchsorted(cdf, cdf[-1:] * u, right=True).clamp_(max=cdf.shape[-1] - 1)
-    return order[pick] if order is not None else pick

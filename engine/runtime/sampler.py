@@ -97,24 +97,28 @@ def sample_tensor(logits: torch.Tensor, params: SamplingParams, generator: torch
     prefix whose mass reaches top_p (the first always kept)."""
     if params.greedy:
         return logits.argmax(-1, keepdim=True)
+    u = float(torch.rand((), generator=generator))
     if FUSED_DRAW:
         from ..kernels import sample_fused
 
         if sample_fused.handles(logits, params.temperature, params.top_k, params.top_p):
-            u = float(torch.rand((), generator=generator))  # the same one draw as below
             return sample_fused.sample(logits, params.temperature, params.top_k, params.top_p, u)
-    scores = logits.float() / params.temperature
+    return draw(logits, params.temperature, params.top_k, params.top_p, u)
+
+
+def draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u: float) -> torch.Tensor:
+    """sample_tensor's draw with the uniform u given, in torch (also kernels/sample_fused.py's reference)."""
+    scores = logits.float() / temperature
     order = None
-    if params.top_k and params.top_k < scores.shape[-1]:
-        scores, order = torch.topk(scores, params.top_k)
-    elif params.top_p < 1.0:
+    if top_k and top_k < scores.shape[-1]:
+        scores, order = torch.topk(scores, top_k)
+    elif top_p < 1.0:
         scores, order = torch.sort(scores, descending=True)
     probs = torch.softmax(scores, dim=-1)
-    if params.top_p < 1.0:
-        drop = probs.cumsum(-1) - probs >= params.top_p
+    if top_p < 1.0:
+        drop = probs.cumsum(-1) - probs >= top_p
         probs = probs.masked_fill(drop, 0.0)
     cdf = probs.cumsum(-1)
-    u = float(torch.rand((), generator=generator))
     # right=True: the first index whose cumulative mass exceeds u * total, so a zero-mass token is never drawn.
     pick = torch.searchsorted(cdf, cdf[-1:] * u, right=True).clamp_(max=cdf.shape[-1] - 1)
     return order[pick] if order is not None else pick
