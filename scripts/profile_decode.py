@@ -112,7 +112,9 @@ def profile_steps(runner, state, token, steps: int):
     return prof
 
 
-def arm(model: str, context: int, decode_kernels: str, budget: str | None, routing: str | None, top: int) -> dict:
+def arm(model: str, context: int, decode_kernels: str, budget: str | None, routing: str | None, top: int,
+        profile: bool = True) -> dict:
+    """One arm's figures; profile False: its graph timings only (no eager profile, no graph trace)."""
     opts = {"max_context": context + 1536, "decode_kernels": decode_kernels}
     if routing:
         opts["routing"] = routing
@@ -126,10 +128,11 @@ def arm(model: str, context: int, decode_kernels: str, budget: str | None, routi
     runner.use_graph = False
     for _ in range(3):
         runner.decode(state, token)
-    prof = profile_steps(runner, state, token, 3)
-    n, us, rows = kernel_table(prof, 3)
-    out.update(eager_kernels_per_step=n, eager_kernel_us_per_step=us, top=[list(r) for r in rows[:top]],
-               launches=[list(r) for r in launch_table(prof, 3)[:top]])
+    if profile:
+        prof = profile_steps(runner, state, token, 3)
+        n, us, rows = kernel_table(prof, 3)
+        out.update(eager_kernels_per_step=n, eager_kernel_us_per_step=us, top=[list(r) for r in rows[:top]],
+                   launches=[list(r) for r in launch_table(prof, 3)[:top]])
     runner.use_graph = out["graph"]
     if runner.use_graph:
         for _ in range(8):
@@ -137,6 +140,7 @@ def arm(model: str, context: int, decode_kernels: str, budget: str | None, routi
         out["graph_ms_per_step"] = 1e3 * timed(lambda: runner.decode(state, token), 50)
         gpu_s, host_s = back_to_back(lambda: runner.decode(state, token), 50)
         out.update(graph_ms_back_to_back=1e3 * gpu_s, host_us_per_decode=1e6 * host_s)
+    if runner.use_graph and profile:
         gprof = profile_steps(runner, state, token, 3)
         gn, gus, _ = kernel_table(gprof, 3)
         out.update(graph_kernels_per_step=gn, graph_kernel_us_per_step=gus)
@@ -230,6 +234,8 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--json", default=None)
     p.add_argument("--pairs", type=int, default=0, help="interleaved rounds of graph timings across the arms")
+    p.add_argument("--profile-first-only", action="store_true",
+                   help="profile the first arm only; the others give their timings (~20 s an arm less)")
     a = p.parse_args()
     if a.pairs > 12:
         raise SystemExit("--pairs: at most 12 rounds (each arm's context grows by 102 tokens a round)")
@@ -240,7 +246,8 @@ def main() -> None:
     failed = []
     for dk in a.decode_kernels.split(","):
         try:
-            r = arm(a.model, a.context, set_switches(dk), a.vram_budget, a.routing, a.top)
+            r = arm(a.model, a.context, set_switches(dk), a.vram_budget, a.routing, a.top,
+                    profile=not (a.profile_first_only and results))
         except Exception as e:  # an arm whose kernels fail to build or launch: the other arms still report
             print(f"\n== {dk}: FAILED ({type(e).__name__}: {str(e)[:300]}) ==")
             failed.append(dk)
@@ -253,21 +260,22 @@ def main() -> None:
             r["hbm_fraction"] = roof_ms / r["graph_ms_per_step"]
         results.append(r)
         print(f"\n== {a.model} · {dk} · context {a.context:,} · budget {a.vram_budget or 'all'} ==")
-        print(f"eager: {r['eager_kernels_per_step']:,} kernels/step, {r['eager_kernel_us_per_step'] / 1e3:.2f} ms "
-              f"kernel time/step")
-        print(f"{'kernel':<72} {'calls/step':>10} {'us/step':>9} {'share':>6}")
-        for name, calls, us in r["top"]:
-            print(f"{name[:72]:<72} {calls:>10.1f} {us:>9.1f} {us / r['eager_kernel_us_per_step']:>6.1%}")
-        print(f"\nby launch shape: {'kernel':<44} {'grid x block':>26} {'calls/step':>10} {'us/step':>8} {'us/call':>7}")
-        for name, shape, calls, us in r["launches"]:
-            print(f"{name[:60]:<60} {shape:>26} {calls:>10.1f} {us:>8.1f} {us / calls:>7.2f}")
+        if "top" in r:  # a profiled arm
+            print(f"eager: {r['eager_kernels_per_step']:,} kernels/step, {r['eager_kernel_us_per_step'] / 1e3:.2f} ms "
+                  f"kernel time/step")
+            print(f"{'kernel':<72} {'calls/step':>10} {'us/step':>9} {'share':>6}")
+            for name, calls, us in r["top"]:
+                print(f"{name[:72]:<72} {calls:>10.1f} {us:>9.1f} {us / r['eager_kernel_us_per_step']:>6.1%}")
+            print(f"\nby launch shape: {'kernel':<44} {'grid x block':>26} {'calls/step':>10} {'us/step':>8} {'us/call':>7}")
+            for name, shape, calls, us in r["launches"]:
+                print(f"{name[:60]:<60} {shape:>26} {calls:>10.1f} {us:>8.1f} {us / calls:>7.2f}")
         b = r["step_bytes"]
         print(f"step bytes: {b['total'] / 1e9:.3f} GB (dense {b['dense'] / 1e9:.3f}, experts {b['experts'] / 1e9:.3f}, "
               f"KV {b['kv'] / 1e9:.3f}, state {b['state'] / 1e9:.3f}); device bandwidth {bw / 1e9:,.0f} GB/s; "
               f"roofline {roof_ms:.3f} ms/step")
         if "graph_ms_per_step" in r:
             print(f"graph: {r['graph_ms_per_step']:.3f} ms/step ({1e3 / r['graph_ms_per_step']:.1f} tok/s), "
-                  f"{r['graph_kernels_per_step']:,} kernels/replay, {r['hbm_fraction']:.1%} of the HBM roofline; "
+                  f"{r.get('graph_kernels_per_step', 0):,} kernels/replay, {r['hbm_fraction']:.1%} of the HBM roofline; "
                   f"back to back {r['graph_ms_back_to_back']:.3f} ms/step "
                   f"({r['hbm_roofline_ms'] / r['graph_ms_back_to_back']:.1%}), host {r['host_us_per_decode']:.0f} us "
                   f"a decode call")
@@ -280,7 +288,7 @@ def main() -> None:
           f"{'fraction':>8} {'b2b ms':>7} {'b2b frac':>8}")
     for r in results:
         g, b = r.get("graph_ms_per_step"), r.get("graph_ms_back_to_back")
-        print(f"{r['decode_kernels']:<22} {r['eager_kernels_per_step']:>13,} {r.get('graph_kernels_per_step', 0):>13,} "
+        print(f"{r['decode_kernels']:<22} {r.get('eager_kernels_per_step', 0):>13,} {r.get('graph_kernels_per_step', 0):>13,} "
               f"{g or float('nan'):>9.3f} {1e3 / g if g else float('nan'):>7.1f} {r['hbm_roofline_ms']:>11.3f} "
               f"{r.get('hbm_fraction', float('nan')):>8.1%} {b or float('nan'):>7.3f} "
               f"{r['hbm_roofline_ms'] / b if b else float('nan'):>8.1%}")

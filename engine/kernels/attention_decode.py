@@ -34,9 +34,10 @@ BLOCK_T = 64  # positions a step of a program's loop
 # The merge left to the output gate's launch (attention_merge.py: decode_attention_parts, then merge_gate): no
 # last-to-arrive tails in this launch and no sigmoid_gate_mul; SPLITS (arm value "attnsplits") may be any power
 # of 2, the merge being one load a program. Its GPU A/B (arm "attnmerge", docs/RESULTS.md session 21): 0.982x the
-# resident 16K step back to back, 7 of 7 rounds. Off until test_fused_decode_graph_is_byte_equal_to_eager passes
-# with it on by default: in session 21 that gate did not finish (likely a hang or a timeout; no reason logged).
-MERGE_APART = False
+# resident 16K step back to back, 7 of 7 rounds. On by default since session 22, whose call 1 passed the gates
+# with it on (graph == eager on both small models, the bf16 level, offloaded == resident, the overlap and its
+# control); session 21's unfinished run of that gate did not recur.
+MERGE_APART = True
 
 
 @triton.jit
