@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .launch import gdc_prologue, pdl_launch
+from .launch import gdc_prologue, pdl_launch, prefetch_l2
 from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
 from .nvfp4_int_dot import gemv_int_reference, quantize_x16, rows_dot, tables, x_pair_tiles
@@ -43,6 +43,12 @@ ON = True
 # On: its GPU A/B (arm "routeint", docs/RESULTS.md session 21) made the resident 16K step 0.983x (per-round ratios
 # 0.981 0.981 1.000 0.997 0.983), 302 launches a step instead of 342; "no-routeint" keeps route_topk.
 ROUTE = True
+# Each routed program asks L2 for its share of its expert's down rows (codes and scales: one contiguous run of
+# the expert's row) once its own loads are out, so that expert_down_parts, the next launch, reads them from L2.
+# Why: gate/up reads its 10 MB at ~1.3 TB/s (a quarter of the DRAM peak) and down's 5.4 MB launch waits on DRAM
+# for most of its 6.5 us; the GEMVs read 25-40 % faster from L2 (docs/RESULTS.md session 15, "hot"). A hint: no
+# byte of any output moves. Off until its GPU A/B (profile_decode arm "downpf").
+DOWN_PREFETCH = False
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
@@ -52,12 +58,15 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
                               BLOCK_G: tl.constexpr, DECODE: tl.constexpr, USE_GDC: tl.constexpr = False,
                               logits_ptr=None, E=0, wts_out_ptr=None, ids_out_ptr=None, shared_out_ptr=None,
                               ROUTE: tl.constexpr = 0, BLOCK_E: tl.constexpr = 32, KP: tl.constexpr = 1,
-                              F16: tl.constexpr = False, W_BF16: tl.constexpr = True):
+                              F16: tl.constexpr = False, W_BF16: tl.constexpr = True, dn_at=0,
+                              DOWN_LINES: tl.constexpr = 0):
     """Program (j, t): expert j (0..k-1 routed, k the extra one), rows t * BLOCK_N ... of its gate and up.
     ROUTE: each routed program finds its expert, rank j of the router's 16-bit logits (route_keys.py), instead of
     reading ids[j], and program (0, 0) stores route_topk's outputs for the down launch (weights, ids, the shared
     gate's sigmoid); ROUTE 2 (a benchmark's routing trace): the rows are ids[j], the trace's, and the rank is
-    still found, so that the launch does a user's work."""
+    still found, so that the launch does a user's work.
+    DOWN_LINES > 0 (CUDA only): routed program (j, t) asks L2 for DOWN_LINES 128-byte lines of its expert's
+    down codes and scales (from word dn_at of its row on), the programs of an expert interleaved."""
     gdc_prologue(USE_GDC)  # PDL: x's pairs and the ids are the previous kernels' outputs
     j = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -78,15 +87,40 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
     p0, p1, p2, p3, tp0, tn0, xs = x_pair_tiles(pairs_ptr, xs_ptr, tables_ptr, H, BLOCK_N, BLOCK_G)
     gate = rows_dot(gate_w, gate_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
     up = rows_dot(up_w, up_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
+    if DOWN_LINES > 0:
+        if j < K_ROUTED:
+            _prefetch_down(gate_w, dn_at, H * I // 2 + H * I // 16, DOWN_LINES)
     gate = gate * (g_gate * 0.5)  # the codes count double
     up = up * (g_up * 0.5)
     tl.store(act_ptr + j * I + n, gate / (1.0 + tl.exp(-gate)) * up, mask=mask_n)
 
 
+@triton.jit
+def down_lines(t, programs, down_bytes, DOWN_LINES: tl.constexpr):
+    """Program t of `programs`' share of a down run of down_bytes: its 128-byte lines t, t + programs, ...; a slot
+    past the run is line t again (asked twice, no line outside the run)."""
+    line = t + programs * tl.arange(0, DOWN_LINES)
+    return tl.where(line * 128 < down_bytes, line, t)
+
+
+@triton.jit
+def _prefetch_down(gate_w, dn_at, down_bytes, DOWN_LINES: tl.constexpr):
+    """down_lines of this program, of the run from word dn_at of the row whose first word is gate_w, asked of L2."""
+    base = (gate_w + dn_at).to(tl.pointer_type(tl.int8))
+    line = down_lines(tl.program_id(1), tl.num_programs(1), down_bytes, DOWN_LINES)
+    prefetch_l2(base + line.to(tl.int64) * 128, True)
+
+
+def down_prefetch_lines(hidden: int, inter: int, programs: int) -> int:
+    """DOWN_LINES: the lines each of an expert's `programs` asks for, a power of 2, so that they cover its down
+    codes and scales (hidden * inter * 9 / 16 bytes)."""
+    return triton.next_power_of_2(triton.cdiv(triton.cdiv(hidden * inter * 9 // 16, 128), programs))
+
+
 def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Tensor, hidden: int, inter: int,
                        extra: tuple | None = None, out: torch.Tensor | None = None, *, xq: tuple | None = None,
                        block_n: int | None = None, num_warps: int = 1, decode: str | None = None,
-                       route: tuple | None = None) -> torch.Tensor:
+                       route: tuple | None = None, down_prefetch: bool | None = None) -> torch.Tensor:
     """expert_gate_up's act fp32 [k (+1), I] (its arguments, see there) through integer dots. xq: x already
     quantized (quantize_x16's (pairs, scales)); None: quantized here, one more launch. block_n (None: 1 row
     on a GPU, at one warp: the fastest of five alone on the H200, 7.93 us against expert_gate_up's 9.26, docs/
@@ -94,7 +128,9 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
     route = (logits [E + 1] bf16/fp16, E, weights_out [1, k], ids_out [1, k] int64, shared_out [1] fp32): the
     routed programs find their experts (the kernel's ROUTE) from the router + shared-gate logits, and the launch
     fills the outs as route_topk would, byte for byte; ids is then None, or a benchmark trace's ids [1, k] (the
-    rows from the trace, the rank still found)."""
+    rows from the trace, the rank still found).
+    down_prefetch (None: the switch DOWN_PREFETCH; CUDA only, else ignored): the routed programs ask L2 for their
+    experts' down rows (see DOWN_PREFETCH). No output byte depends on it."""
     if block_n is None:
         block_n = 1 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     words = _check(rows, hidden, inter)
@@ -117,7 +153,11 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
     if extra is not None:
         gate, up = _matrix(*extra[:3]), _matrix(*extra[3:])
     off = _row_offsets(hidden, inter)
-    expert_gate_up_int_kernel[(n, triton.cdiv(inter, block_n))](
+    programs = triton.cdiv(inter, block_n)
+    down_prefetch = DOWN_PREFETCH if down_prefetch is None else down_prefetch
+    if down_prefetch and rows.is_cuda and k > 0:  # the interpreter has no PTX to prefetch with
+        routing.update(dn_at=off["dn_at"], DOWN_LINES=down_prefetch_lines(hidden, inter, programs))
+    expert_gate_up_int_kernel[(n, programs)](
         pairs, xs, tables(rows.device), ids.reshape(-1).contiguous(), words, rows, out, inter, words.stride(0),
         off["gu_scale_at"], off["glob_at"], *gate, *up, H=hidden, K_ROUTED=k, HAS_EXTRA=extra is not None,
         BLOCK_N=block_n, BLOCK_G=triton.next_power_of_2(hidden // 16),
