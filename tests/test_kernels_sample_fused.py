@@ -99,10 +99,21 @@ def test_the_cases_left_to_torch():
 def test_sample_tensor_with_the_switch_draws_the_same_tokens(params, monkeypatch):
     """FUSED_DRAW: the same generator draw (one uniform a token), the same ids; greedy and top-p alone stay on torch."""
     logits = torch.randn(3000, generator=torch.Generator().manual_seed(9)).mul(3).to(DEVICE)
+    monkeypatch.setattr(sampler, "FUSED_DRAW", False)
     plain = [int(sample_tensor(logits, params, torch.Generator().manual_seed(s))) for s in range(8)]
     monkeypatch.setattr(sampler, "FUSED_DRAW", True)
+    if DEVICE == "cpu":  # the engine draws CPU logits with torch; here the kernel runs in Triton's interpreter
+        monkeypatch.setattr(sampler, "_fused_draw_for", lambda x: sample_fused)
     called, real = [], sample_fused.sample
     monkeypatch.setattr(sample_fused, "sample", lambda *a: called.append(1) or real(*a))
     fused = [int(sample_tensor(logits, params, torch.Generator().manual_seed(s))) for s in range(8)]
     assert fused == plain
     assert bool(called) == handles(logits, params.temperature, params.top_k, params.top_p)
+
+
+def test_the_switch_leaves_cpu_logits_to_torch(monkeypatch):
+    """FUSED_DRAW (on by default) draws only CUDA logits: the engine's CPU path has no Triton device to run on."""
+    monkeypatch.setattr(sampler, "FUSED_DRAW", True)
+    assert sampler._fused_draw_for(torch.zeros(3000)) is None
+    monkeypatch.setattr(sampler, "FUSED_DRAW", False)
+    assert sampler._fused_draw_for(torch.zeros(3000)) is None

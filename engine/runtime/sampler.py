@@ -10,9 +10,11 @@ import torch
 
 from ..errors import OptionError
 
-# The draw in two Triton launches (kernels/sample_fused.py; imported only when on: Triton is Linux-only). Off
-# until its GPU A/B (bench_chat_loop.py's arm "fused").
-FUSED_DRAW = False
+# The draw in two Triton launches (kernels/sample_fused.py) for CUDA logits, where Triton imports (torch's path
+# otherwise). On: its GPU A/B (bench_chat_loop.py's arm "fused", docs/RESULTS.md session 22) made the chat loop
+# 1.050-1.056x faster with top-k 20 / top-p 0.95 and 1.041-1.042x with no cut, 3 of 3 rounds each, the same ids
+# as torch's path (tests/test_kernels_sample_fused.py, natively and in the interpreter).
+FUSED_DRAW = True
 
 
 @dataclass(frozen=True)
@@ -98,12 +100,22 @@ def sample_tensor(logits: torch.Tensor, params: SamplingParams, generator: torch
     if params.greedy:
         return logits.argmax(-1, keepdim=True)
     u = float(torch.rand((), generator=generator))
-    if FUSED_DRAW:
-        from ..kernels import sample_fused
-
-        if sample_fused.handles(logits, params.temperature, params.top_k, params.top_p):
-            return sample_fused.sample(logits, params.temperature, params.top_k, params.top_p, u)
+    sample_fused = _fused_draw_for(logits)
+    if sample_fused is not None and sample_fused.handles(logits, params.temperature, params.top_k, params.top_p):
+        return sample_fused.sample(logits, params.temperature, params.top_k, params.top_p, u)
     return draw(logits, params.temperature, params.top_k, params.top_p, u)
+
+
+def _fused_draw_for(logits: torch.Tensor):
+    """kernels.sample_fused where it draws these logits (FUSED_DRAW, CUDA logits, Triton importable), else None:
+    then torch's draw, the same ids."""
+    if not (FUSED_DRAW and logits.is_cuda):
+        return None
+    try:
+        from ..kernels import sample_fused
+    except ImportError:
+        return None
+    return sample_fused
 
 
 def draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u: float) -> torch.Tensor:
