@@ -236,6 +236,9 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=0, help="interleaved rounds of graph timings across the arms")
     p.add_argument("--profile-first-only", action="store_true",
                    help="profile the first arm only; the others give their timings (~20 s an arm less)")
+    p.add_argument("--build-deadline", type=float, default=0,
+                   help="seconds after which no further arm is built: the rounds run with the arms built so far "
+                        "(0: every arm), so that a run inside a device call's timeout still pairs")
     a = p.parse_args()
     if a.pairs > 12:
         raise SystemExit("--pairs: at most 12 rounds (each arm's context grows by 102 tokens a round)")
@@ -244,7 +247,13 @@ def main() -> None:
     bw = device_gbps("cuda") * 1e9
     results = []
     failed = []
-    for dk in a.decode_kernels.split(","):
+    t_start = time.monotonic()
+    arms = a.decode_kernels.split(",")
+    for n, dk in enumerate(arms):
+        if a.build_deadline and n > 1 and time.monotonic() - t_start > a.build_deadline:
+            print(f"\n== build deadline ({a.build_deadline:.0f} s) passed: arms left out: {', '.join(arms[n:])} ==")
+            break
+        t_arm = time.monotonic()
         try:
             r = arm(a.model, a.context, set_switches(dk), a.vram_budget, a.routing, a.top,
                     profile=not (a.profile_first_only and results))
@@ -259,7 +268,8 @@ def main() -> None:
         if "graph_ms_per_step" in r:
             r["hbm_fraction"] = roof_ms / r["graph_ms_per_step"]
         results.append(r)
-        print(f"\n== {a.model} · {dk} · context {a.context:,} · budget {a.vram_budget or 'all'} ==")
+        print(f"\n== {a.model} · {dk} · context {a.context:,} · budget {a.vram_budget or 'all'} · built and "
+              f"timed in {time.monotonic() - t_arm:.0f} s ==")
         if "top" in r:  # a profiled arm
             print(f"eager: {r['eager_kernels_per_step']:,} kernels/step, {r['eager_kernel_us_per_step'] / 1e3:.2f} ms "
                   f"kernel time/step")
