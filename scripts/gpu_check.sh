@@ -47,7 +47,14 @@ if [ "${NCU:-0}" = 1 ]; then
   echo "ncu rc=$?"; tail -5 "$OUT/ncu.log"
   "$NCU_BIN" --import "$OUT/ncu_decode.ncu-rep" --page raw --csv > "$OUT/ncu_raw.csv" 2>>"$OUT/ncu.log" \
     && python3 scripts/ncu_summary.py "$OUT/ncu_raw.csv" --top 30 | tee "$OUT/ncu_summary.txt"
-  rm -f "$OUT/ncu_decode.ncu-rep"  # ~MBs of binary; the CSV holds every metric it collected
+  if [[ "${NCU_SECTIONS:-}" == *SourceCounters* ]]; then
+    # the per-instruction view (stall samples a SASS line) is not in the raw page: export it, and keep the report
+    # (a few MB for a filtered run) for the Nsight Compute GUI
+    "$NCU_BIN" --import "$OUT/ncu_decode.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu_source.csv" \
+      2>>"$OUT/ncu.log" || echo "ncu: no source page exported (see ncu.log)"
+  else
+    rm -f "$OUT/ncu_decode.ncu-rep"  # ~MBs of binary; the CSV holds every metric it collected
+  fi
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
