@@ -91,7 +91,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None, help="graph replays per row (default 50; CPU 1)")
     ap.add_argument("--budget", type=float, default=240.0, help="start no grid config after this many seconds")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--grids", default="gate_up,down,parts",  # also: mma (expert_gate_up_mma's configs)
+    ap.add_argument("--grids", default="gate_up,down,parts",
                     help="which sweeps to run: gate_up, down (expert_down), parts (expert_down_parts, the sum left "
                          "to the next add_rms_norm: timed with and without that norm)")
     args = ap.parse_args()
@@ -108,7 +108,6 @@ def main() -> int:
     )
     from qwenlocal.engine.kernels.decode_norm import add_rms_norm
     from qwenlocal.engine.kernels.nvfp4_experts_parts import expert_down_parts, expert_down_parts_reference
-    from qwenlocal.engine.kernels.nvfp4_experts_mma import expert_gate_up_mma
     from qwenlocal.engine.kernels.nvfp4_grouped import random_nvfp4_rows
     from qwenlocal.engine.kernels.nvfp4_triton import nvfp4_gemv, nvfp4_moe_decode
 
@@ -173,15 +172,6 @@ def main() -> int:
     def gate_up(p, **cfg):
         return expert_gate_up(p["x"], p["ids"], rows, h, i, p["shared"][0] + p["shared"][1], **cfg)
 
-    mma_counters = {}
-
-    def gate_up_mma(p, **cfg):  # one set of arrival counters a config, made on the first (eager) call
-        key = tuple(sorted(cfg.items()))
-        if key not in mma_counters:
-            mma_counters[key] = torch.zeros(64 * i, device=dev, dtype=torch.int32)
-        return expert_gate_up_mma(p["x"], p["ids"], rows, h, i, p["shared"][0] + p["shared"][1],
-                                  counters=mma_counters[key], **cfg)
-
     def down(p, **cfg):
         return expert_down(p["act"], p["w"], p["ids"], rows, h, i, p["shared"][2], p["scale"],
                            out_dtype=torch.float32, **cfg)
@@ -226,22 +216,11 @@ def main() -> int:
         gu_grid = [dict(block_n=8), dict(block_n=16, block_g=2, x_split=False, group_scales=True),
                    dict(block_n=8, programs=3)]
         dn_grid = [dict(block_m=8), dict(block_m=32, x_split=True, group_scales=False)]
-    if cuda:  # the tensor-core gate/up: K split over programs x rows a program x warps, then the other scaling
-        mma_grid = [dict(split=sp, block_n=bn, num_warps=nw) for sp in (4, 8, 2, 1)
-                    for bn, nw in ((16, 1), (32, 1), (32, 2), (64, 4), (16, 2))]
-        mma_grid += [dict(split=sp, block_n=bn, num_warps=nw, scale_in_a=False) for sp in (4, 8)
-                     for bn, nw in ((16, 1), (64, 4))]
-        mma_grid += [dict(split=4, block_n=16, num_warps=1, num_stages=ns) for ns in (2, 3)]
-    else:
-        mma_grid = [dict(split=1), dict(split=2, block_n=32, scale_in_a=False)]
     for grid in (gu_grid, dn_grid):  # the other decodes at the defaults ("asm" is the CUDA default)
         grid += [dict(decode="fp16"), dict(decode="exact")] if cuda else [dict(decode="exact")]
     best = {}
     chosen = set(args.grids.split(","))
-    if "mma" in chosen:  # what it replaces, at its default launch
-        measure("gate_up (expert_gate_up, default config)", gate_up, gu_bytes, p0["act"])
-    for name, fn, grid, nbytes, ref in (("mma", gate_up_mma, mma_grid, gu_bytes, p0["act"]),
-                                        ("gate_up", gate_up, gu_grid, gu_bytes, p0["act"]),
+    for name, fn, grid, nbytes, ref in (("gate_up", gate_up, gu_grid, gu_bytes, p0["act"]),
                                         ("down", down, dn_grid, dn_bytes, ref_out),
                                         ("parts", parts, pa_grid, dn_bytes, ref_parts)):
         if name not in chosen:
@@ -254,7 +233,7 @@ def main() -> int:
             if sec is not None and "decode" not in cfg and sec < best.get(name, (float("inf"),))[0]:
                 best[name] = (sec, cfg)
     print()
-    for name in ("mma", "gate_up", "down", "parts"):
+    for name in ("gate_up", "down", "parts"):
         if name in best:
             print(f"best {name}: {best[name][1]} {best[name][0] * 1e6:.2f} us")
     if "parts" in best:  # the sum moved into the norm: compare the pair of kernels the step runs

@@ -41,7 +41,7 @@ from bench_resident import timed  # scripts/ is on the path when this runs as a 
 from graph_timeline import print_timeline, timeline
 from qwenlocal.engine import Engine
 from qwenlocal.engine.kernels import (attention_decode, decode_router, gdn_decode, gemv_mixed, gemv_multi, gemv_norm,
-                                      nvfp4_experts_decode, nvfp4_experts_mma, nvfp4_experts_parts, nvfp4_int_experts,
+                                      nvfp4_experts_decode, nvfp4_experts_parts, nvfp4_int_experts,
                                       parts_norm, router_gemv, router_norm, slot_ensure)
 from qwenlocal.engine.bench.measure import device_gbps
 from qwenlocal.engine.model import decode_fused
@@ -163,7 +163,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "router": (router_gemv, "FUSED"), "gemvnorm": (gemv_norm, "FUSED"),
             "partsnorm": (parts_norm, "FUSED"), "gdntail": (gdn_decode, "NORM_SHIFT_TAIL"),
             "mixed": (gemv_mixed, "MIXED"), "attn": (attention_decode, "TRITON"),
-            "routernorm": (router_norm, "FUSED"), "mma": (nvfp4_experts_mma, "FUSED"),
+            "routernorm": (router_norm, "FUSED"),
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
             "guint": (nvfp4_int_experts, "ON"), "mixedfew": (gemv_mixed, "FEWEST_B_TILES"),
             "routeint": (nvfp4_int_experts, "ROUTE"), "attnmerge": (attention_decode, "MERGE_APART"),

@@ -143,41 +143,6 @@ def test_the_router_doing_the_post_mixer_norm_matches_the_unfused_step(quantized
     assert calls == {"router_norm": steps * layers, "add_rms_norm": steps * (layers + 1)}
 
 
-def test_the_tensor_core_expert_gate_up_in_the_step_matches_the_unfused_step(quantized_ckpt, monkeypatch):
-    """nvfp4_experts_mma.FUSED: every layer's routed + shared gate/up runs in expert_gate_up_mma (counted, its K
-    split over programs with the tile's last one adding the parts), serial and with the shared expert apart,
-    offloaded; the step matches the unfused one at the fp16 level of its activations (x rounds to fp16: the
-    fp32 engine's logits move by ~1e-4 of the largest), and the serial and apart launches give the same bytes."""
-    from qwenlocal.engine.config import load_model_config
-    from qwenlocal.engine.kernels import nvfp4_experts_mma, nvfp4_int_experts
-    from qwenlocal.engine.model import decode_fused
-
-    monkeypatch.setattr(nvfp4_experts_mma, "FUSED", True)
-    monkeypatch.setattr(nvfp4_int_experts, "ON", False)  # the integer gate/up (the default) comes first
-    calls = {"mma": 0}
-    real = nvfp4_experts_mma.expert_gate_up_mma
-
-    def counting(*args, **kwargs):
-        calls["mma"] += 1
-        assert kwargs["split"] == nvfp4_experts_mma.CONFIG["split"] and kwargs["counters"] is not None
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(nvfp4_experts_mma, "expert_gate_up_mma", counting)
-    ids = torch.randint(0, 600, (24 + 3,), generator=torch.Generator().manual_seed(3))
-    ref = _engine(quantized_ckpt, False).score(ids, prefill=24)[24:]
-    serial = _engine(quantized_ckpt, True, expert_slots=12).score(ids, prefill=24)[24:]
-    layers = load_model_config(quantized_ckpt).num_layers
-    assert calls["mma"] == 3 * layers
-    apart = _engine(quantized_ckpt, True, "copy-side", expert_slots=12).score(ids, prefill=24)[24:]
-    assert calls["mma"] == 3 * layers * 3  # the shared expert's launch and the routed one
-    assert torch.equal(serial, apart)
-    err = ((serial - ref).abs().max() / ref.abs().max()).item()
-    assert 0 < err < 2e-3, err
-    assert (serial.argmax(-1) == ref.argmax(-1)).all()
-    assert decode_fused.nvfp4_experts_mma is nvfp4_experts_mma
-
-
-
 @pytest.mark.parametrize("what", ["route", "prenorm", "normshift", "prologue"])
 def test_a_dropped_launch_of_the_profile_ceilings_changes_the_step(quantized_ckpt, monkeypatch, what):
     """decode_fused.DROP (scripts/profile_decode.py's drop-X arms, a ceiling of what removing a launch gives):

@@ -102,12 +102,12 @@ def test_both_fp8_paths_are_at_the_bf16_level_of_the_unfused_step(monkeypatch, f
 TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"),
          "gdntail": ("gdn_decode", "NORM_SHIFT_TAIL"), "router": ("router_gemv", "FUSED"),
          "mixed": ("gemv_mixed", "MIXED"), "attn": ("attention_decode", "TRITON"),
-         "routernorm": ("router_norm", "FUSED"), "mma": ("nvfp4_experts_mma", "FUSED"),
+         "routernorm": ("router_norm", "FUSED"),
          "tilesums": ("parts_norm", "TILE_SUMS"), "guint": ("nvfp4_int_experts", "ON"),
          "mixedfew": ("gemv_mixed", "FEWEST_B_TILES"), "attnmerge": ("attention_decode", "MERGE_APART")}
 
 
-@pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "mma", "tilesums",
+@pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "tilesums",
                                    "guint", "mixedfew", "attnmerge",
                                    "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
@@ -117,8 +117,7 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     go in another order than the separate kernels'; attention_decode.TRITON (the decode attention in one Triton
     launch instead of FlashInfer's): other kernels altogether. So the gate
     is the bf16 level against the unfused step, and graph replay byte-equal to eager over 190 steps (with
-    programmatic launch); all the one-launch tails together too. nvfp4_experts_mma.FUSED (the experts' gate/up
-    on the tensor cores, its activations in fp16, its K split with a per-tile last-arrival sum): the same gate.
+    programmatic launch); all the one-launch tails together too.
     parts_norm.TILE_SUMS (the next layer's input norm from the down launch's tile sums, applied by its first
     GEMV): the same gate. nvfp4_int_experts.ON (the experts' gate/up as integer dots, x in int16 blocks; the
     default since session 19): the same gate. attention_decode.MERGE_APART (the split-KV merge in the output
@@ -132,8 +131,6 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     for name in tails.split("+"):
         module, attr = TAILS[name]
         monkeypatch.setattr(importlib.import_module(f"qwenlocal.engine.kernels.{module}"), attr, True)
-        if name == "mma":  # the integer gate/up (the default) would take the layers first
-            monkeypatch.setattr(importlib.import_module("qwenlocal.engine.kernels.nvfp4_int_experts"), "ON", False)
     graphs, eager = build(ref, decode_kernels="fused-pdl"), build(ref, decode_kernels="fused-pdl", cuda_graphs=False)
     a, b = graphs.score(ids, prefill=64), eager.score(ids, prefill=64)
     assert torch.isfinite(a).all() and torch.equal(a, b)

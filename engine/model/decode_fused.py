@@ -16,15 +16,16 @@ the post-mixer add + RMSNorm into out_proj / o_proj (gemv_norm.FUSED), the next 
 MoE down projection (parts_norm.FUSED), GDN's gated norm and conv shift into its step
 (gdn_decode.NORM_SHIFT_TAIL). A fifth (gemv_mixed.MIXED) takes GDN's in_proj_b + a (BF16) into the FP8
 in_proj_qkv + z launch; a sixth (attention_decode.TRITON) runs the decode attention as one Triton launch with
-its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a seventh (nvfp4_experts_mma.FUSED,
-off: measured slower) runs the experts' gate/up on the tensor cores; an eighth (parts_norm.TILE_SUMS, on:
+its split-KV merge inside, instead of FlashInfer's decode and merge kernels; a seventh (parts_norm.TILE_SUMS, on:
 0.983x the step on the H200) leaves the next layer's input add + RMSNorm to the MoE down launch's per-tile tails
 (the new residual and its tiles' sums of squares) and that layer's first GEMV (the norm applied as x is
 loaded): no launch of its own. Tried, and removed after their A/B (docs/RESULTS.md session 18): the weights
 streamed through shared memory in pipelined K steps, of the FP8 GEMVs (1.042x the step) and of gate/up
 (1.038x); the LM head on the tensor cores (1.088x); route_topk in the router norm launch's last program
 (1.017x); gate/up as persistent programs that load a tile ahead (1.003x) and at one warp a program (0.995x and
-0.998x); and, not run (its premise gone under the H200's Triton), the GEMVs' register cap.
+0.998x); and, not run (its premise gone under the H200's Triton), the GEMVs' register cap. The experts' gate/up
+on the tensor cores (nvfp4_experts_mma, fp16 activations) lost 1.05-1.09x the step (session 13) and was removed
+in session 22 (history: 8258d57).
 The MoE's part of the layer is moe_fused.py; what both share (the merged projection, counters, stand-ins) is
 fused_parts.py. The unfused path (the model's own forward) is the reference these are tested against (tests/
 test_decode_fused.py, in Triton's interpreter on the CPU and natively on the GPU tier). Every kernel here is
@@ -37,7 +38,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..kernels import attention_decode as attention_decode_mod
-from ..kernels import nvfp4_experts_mma
 from ..kernels import gdn_decode as gdn_decode_mod
 from ..kernels import gemv_norm
 from ..kernels.attention_merge import merge_gate
@@ -139,9 +139,6 @@ def _forward(model, ids, positions, state, start):
     trace_ids = trace.one_token_ids() if trace is not None else None
     layers = model.layers
     normed = None  # the next norm, where the MoE's launch did it (parts_norm.FUSED)
-    if nvfp4_experts_mma.FUSED and not hasattr(layers[0].moe, "mma_ok"):  # once, on the first (eager) step
-        for layer in layers:
-            layer.moe.mma_ok = nvfp4_experts_mma.fp16_safe_norm(layer.post_norm, layer.moe.hidden)
     for i, layer in enumerate(layers):
         if "prenorm" in DROP and i > 0:
             h = stand_in(layer, "drop_h", lambda: x.clone())

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from ..kernels import (gemv_norm, nvfp4_experts_mma, nvfp4_experts_parts, nvfp4_int_dot, nvfp4_int_experts,
+from ..kernels import (gemv_norm, nvfp4_experts_parts, nvfp4_int_dot, nvfp4_int_experts,
                        parts_norm, router_gemv, router_norm, slot_ensure)
 from ..kernels.decode_fused import route_topk
 from ..kernels.gemv_multi import gemv_multi
@@ -158,26 +158,16 @@ def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor
     return _moe_after_route(moe, h, weights, ids, shared_scale, trace_ids, next_norm, defer_norm)
 
 
-def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra, site: str,
+def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, extra,
              xq: tuple | None = None, route: tuple | None = None, trace_ids: torch.Tensor | None = None):
-    """expert_gate_up's act: as integer dots where xq (h's int16 blocks, _int_gate_up) is given; on the tensor
-    cores where nvfp4_experts_mma.FUSED and the layer allows it (K in whole split steps; its input norm's
-    outputs fit fp16: moe.mma_ok, set by forward on an eager step). site: the call site's arrival counters on
-    moe (one set a launch site: serial, shared apart, routed). route: the integer launch's programs route
-    themselves (routes_itself; ids are then route's, filled by it), with a benchmark's trace_ids as their rows
-    where given."""
+    """expert_gate_up's act: as integer dots where xq (h's int16 blocks, _int_gate_up) is given, else the float
+    kernel. route: the integer launch's programs route themselves (routes_itself; ids are then route's, filled by
+    it), with a benchmark's trace_ids as their rows where given."""
     if route is not None:
         return nvfp4_int_experts.expert_gate_up_int(h, trace_ids, rows, moe.hidden, moe.inter, extra, xq=xq,
                                                     route=route)
     if xq is not None:
         return nvfp4_int_experts.expert_gate_up_int(h, ids, rows, moe.hidden, moe.inter, extra, xq=xq)
-    cfg = nvfp4_experts_mma.CONFIG
-    if (nvfp4_experts_mma.FUSED and getattr(moe, "mma_ok", False)
-            and nvfp4_experts_mma.step_codes(moe.hidden, cfg["split"]) is not None):
-        n = ids.shape[-1] + (extra is not None)
-        counters = counters_for(moe, site, h.device, n * triton.cdiv(moe.inter, cfg["block_n"]))
-        return nvfp4_experts_mma.expert_gate_up_mma(h, ids, rows, moe.hidden, moe.inter, extra, counters=counters,
-                                                    **cfg)
     return expert_gate_up(h, ids, rows, moe.hidden, moe.inter, extra=extra)
 
 
@@ -205,7 +195,7 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         # The down projection leaves one fp32 part per expert ([k + 1, 1, H]); the next add_rms_norm sums them.
         if moe.overlap.split == "off":
             copy()
-            act = _gate_up(moe, h, slots, rows, gate_up_extra, "mma_counters", xq, route=route, trace_ids=trace_ids)
+            act = _gate_up(moe, h, slots, rows, gate_up_extra, xq, route=route, trace_ids=trace_ids)
             if sums is not None:  # the next norm left to the next layer's first GEMV
                 return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                                    extra_scale=shared_scale, sums=sums), next_norm)
@@ -218,12 +208,12 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         none = slots[:, :0]
 
         def shared_alone():
-            act_shared = _gate_up(moe, h, none, rows, gate_up_extra, "mma_counters_shared", xq)
+            act_shared = _gate_up(moe, h, none, rows, gate_up_extra, xq)
             expert_down_parts(act_shared, weights, none, rows, cfg_h, cfg_i, extra=down_extra,
                               extra_scale=shared_scale, out=parts[k:])
 
         moe.overlap.run(copy, shared_alone, h)
-        act = _gate_up(moe, h, slots, rows, None, "mma_counters_routed", xq)
+        act = _gate_up(moe, h, slots, rows, None, xq)
         if sums is not None:
             return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, out=parts, write_shared=False,
                                                sums=sums), next_norm)
