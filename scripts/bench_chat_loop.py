@@ -5,10 +5,10 @@ One engine, one prefilled sequence (CUDA graph on, as chat runs); then rounds of
 in turn (DESIGN.md's interleaving; the context grows by tokens x arms a round, the same for every arm):
   - host:   what runtime/generate.py did before session 10: the [V] logits copied to the host as fp32 and
             sampled there (top-k, softmax, full-vocabulary sort for top-p, multinomial), the id sent back;
-  - device: sampler.sample_tensor on the GPU, one host sync a token for the id, then the next decode (the loop
-            of session 10's call 2);
+  - device: sampler.sample_tensor on the GPU (torch's draw), one host sync a token for the id, then the next
+            decode (the loop of session 10's call 2);
   - chat:   runtime/generate.py generate_tokens itself (a step ahead: the next decode is launched before a token's
-            id is read), continuing the same sequence;
+            id is read), continuing the same sequence, with torch's draw;
   - argmax: greedy, the token kept on the GPU, no host sync: the decode step alone (the bench's --sampling argmax);
   - fused:  the chat loop with the sampler's draw in two Triton launches (kernels/sample_fused.py, sampler.FUSED_DRAW).
 Sampling: the checkpoint's defaults (Qwen3.6: T=1.0, top_p 0.95, top_k 20) over the full logits width (248,320 for
@@ -50,16 +50,20 @@ def host_sample(logits: torch.Tensor, params: SamplingParams, generator: torch.G
 
 
 def run_arm(name: str, runner, state, token: torch.Tensor, params, gen, steps: int) -> tuple[float, torch.Tensor]:
-    """tok/s over `steps` decode steps of this arm's loop; the last token (a [1] device tensor)."""
+    """tok/s over `steps` decode steps of this arm's loop; the last token (a [1] device tensor). The draw is set
+    by the arm, not by the switch's default: "fused" the two launches, every other arm torch's."""
+    default = sampler.FUSED_DRAW
+    sampler.FUSED_DRAW = name == "fused"
+    try:
+        return _run_loop("chat" if name == "fused" else name, runner, state, token, params, gen, steps)
+    finally:
+        sampler.FUSED_DRAW = default
+
+
+def _run_loop(name: str, runner, state, token: torch.Tensor, params, gen, steps: int) -> tuple[float, torch.Tensor]:
     dev = token.device
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    if name == "fused":  # the chat loop with the two-launch sampler
-        sampler.FUSED_DRAW = True
-        try:
-            return run_arm("chat", runner, state, token, params, gen, steps)
-        finally:
-            sampler.FUSED_DRAW = False
     if name == "chat":  # `steps` decodes: the first gives the logits generate_tokens starts from
         loop = replace(params, max_tokens=steps, seed=None)
         for last in generate_tokens(runner, state, [], loop, (), GenerationStats(),
