@@ -285,20 +285,23 @@ def main() -> None:
               f"roofline {roof_ms:.3f} ms/step")
         if "graph_ms_per_step" in r:
             print(f"graph: {r['graph_ms_per_step']:.3f} ms/step ({1e3 / r['graph_ms_per_step']:.1f} tok/s), "
-                  f"{r.get('graph_kernels_per_step', 0):,} kernels/replay, {r['hbm_fraction']:.1%} of the HBM roofline; "
+                  + (f"{r['graph_kernels_per_step']:,} kernels/replay, " if "graph_kernels_per_step" in r else "")
+                  + f"{r['hbm_fraction']:.1%} of the HBM roofline; "
                   f"back to back {r['graph_ms_back_to_back']:.3f} ms/step "
                   f"({r['hbm_roofline_ms'] / r['graph_ms_back_to_back']:.1%}), host {r['host_us_per_decode']:.0f} us "
                   f"a decode call")
             if "graph_timeline" in r:
                 print_timeline(r["graph_timeline"], a.top)
-            else:
-                print(f"graph timeline: {r.get('graph_timeline_error')}")
+            elif "graph_timeline_error" in r:
+                print(f"graph timeline: {r['graph_timeline_error']}")
     print("\n== summary ==")
     print(f"{'arm':<22} {'eager kernels':>13} {'graph kernels':>13} {'graph ms':>9} {'tok/s':>7} {'roofline ms':>11} "
           f"{'fraction':>8} {'b2b ms':>7} {'b2b frac':>8}")
     for r in results:
         g, b = r.get("graph_ms_per_step"), r.get("graph_ms_back_to_back")
-        print(f"{r['decode_kernels']:<22} {r.get('eager_kernels_per_step', 0):>13,} {r.get('graph_kernels_per_step', 0):>13,} "
+        counts = [f"{r[key]:>13,}" if key in r else f"{'-':>13}"  # "-": an arm timed, not profiled
+                  for key in ("eager_kernels_per_step", "graph_kernels_per_step")]
+        print(f"{r['decode_kernels']:<22} {counts[0]} {counts[1]} "
               f"{g or float('nan'):>9.3f} {1e3 / g if g else float('nan'):>7.1f} {r['hbm_roofline_ms']:>11.3f} "
               f"{r.get('hbm_fraction', float('nan')):>8.1%} {b or float('nan'):>7.3f} "
               f"{r['hbm_roofline_ms'] / b if b else float('nan'):>8.1%}")

@@ -27,17 +27,17 @@ def _lines_kernel(out_ptr, down_bytes, DOWN_LINES: tl.constexpr):
 
 @pytest.mark.parametrize("hidden, inter, programs", [(2048, 512, 512), (64, 48, 3), (48, 32, 7), (256, 16, 1)])
 def test_the_programs_lines_cover_the_down_run_and_stay_in_it(hidden, inter, programs):
-    down_bytes = hidden * inter * 9 // 16
-    lines = nie.down_prefetch_lines(hidden, inter, programs)
+    down_bytes = hidden * inter * 9 // 16  # codes (1/2 byte each) and E4M3 scales (one per 16 codes)
+    assert nie.down_run(hidden, inter)[1] == down_bytes
+    lines = nie.down_prefetch_lines(down_bytes, programs)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = torch.full((programs * lines,), -1, dtype=torch.int32, device=device)
     _lines_kernel[(programs,)](out, down_bytes, DOWN_LINES=lines)
     asked = set(out.cpu().tolist())
     assert asked == set(range((down_bytes + 127) // 128))  # every line of the run, none outside it
     # the run is the row's down codes then scales, up to its globals (quant/nvfp4_rows.py's layout)
-    off = _row_offsets(hidden, inter)
-    assert off["glob_at"] * 4 - off["dn_at"] * 4 == down_bytes
-    assert off["dn_at"] * 4 + down_bytes + 8 <= nvfp4_expert_row_bytes(hidden, inter)
+    assert nie.down_run(hidden, inter)[0] == _row_offsets(hidden, inter)["dn_at"]
+    assert _row_offsets(hidden, inter)["dn_at"] * 4 + down_bytes + 8 <= nvfp4_expert_row_bytes(hidden, inter)
 
 
 _COMPILE = r"""
@@ -52,7 +52,7 @@ from qwenlocal.engine.kernels import nvfp4_int_experts as nie
 fn, out = nie.expert_gate_up_int_kernel, {}
 for lines in (0, 16):
     sig = {name: s.EXPERT_TYPES.get(name, "constexpr") for name in fn.arg_names}
-    for name in ("I", "row_words", "gu_scale_at", "glob_at", "dn_at"):
+    for name in ("I", "row_words", "gu_scale_at", "glob_at", "dn_at", "dn_bytes"):
         sig[name] = "i32"
     sig.update(s.ROUTE_TYPES)
     consts = dict(H=2048, K_ROUTED=8, HAS_EXTRA=True, BLOCK_N=1, BLOCK_G=128, DECODE="asm", USE_GDC=True, ROUTE=1,

@@ -45,9 +45,10 @@ ON = True
 ROUTE = True
 # Each routed program asks L2 for its share of its expert's down rows (codes and scales: one contiguous run of
 # the expert's row) once its own loads are out, so that expert_down_parts, the next launch, reads them from L2.
-# Why: gate/up reads its 10 MB at ~1.3 TB/s (a quarter of the DRAM peak) and down's 5.4 MB launch waits on DRAM
-# for most of its 6.5 us; the GEMVs read 25-40 % faster from L2 (docs/RESULTS.md session 15, "hot"). A hint: no
-# byte of any output moves. Off until its GPU A/B (profile_decode arm "downpf").
+# Why: gate/up reads its 10 MB at ~1.3 TB/s (a quarter of the DRAM peak), and the GEMVs read 25-40 % faster from
+# L2 (docs/RESULTS.md session 15, "hot"). A hint: no byte of any output moves. Off: its one unpaired figure
+# (profile_decode arm "downpf", docs/RESULTS.md session 22) was neutral, 1.779 against 1.781 ms, so down's 6.5 us
+# is not its weights' DRAM time; the paired A/B is the next session's.
 DOWN_PREFETCH = False
 
 
@@ -58,7 +59,7 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
                               BLOCK_G: tl.constexpr, DECODE: tl.constexpr, USE_GDC: tl.constexpr = False,
                               logits_ptr=None, E=0, wts_out_ptr=None, ids_out_ptr=None, shared_out_ptr=None,
                               ROUTE: tl.constexpr = 0, BLOCK_E: tl.constexpr = 32, KP: tl.constexpr = 1,
-                              F16: tl.constexpr = False, W_BF16: tl.constexpr = True, dn_at=0,
+                              F16: tl.constexpr = False, W_BF16: tl.constexpr = True, dn_at=0, dn_bytes=0,
                               DOWN_LINES: tl.constexpr = 0):
     """Program (j, t): expert j (0..k-1 routed, k the extra one), rows t * BLOCK_N ... of its gate and up.
     ROUTE: each routed program finds its expert, rank j of the router's 16-bit logits (route_keys.py), instead of
@@ -66,7 +67,7 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
     gate's sigmoid); ROUTE 2 (a benchmark's routing trace): the rows are ids[j], the trace's, and the rank is
     still found, so that the launch does a user's work.
     DOWN_LINES > 0 (CUDA only): routed program (j, t) asks L2 for DOWN_LINES 128-byte lines of its expert's
-    down codes and scales (from word dn_at of its row on), the programs of an expert interleaved."""
+    down codes and scales (dn_bytes from word dn_at of its row on), the programs of an expert interleaved."""
     gdc_prologue(USE_GDC)  # PDL: x's pairs and the ids are the previous kernels' outputs
     j = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,7 +90,7 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
     up = rows_dot(up_w, up_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
     if DOWN_LINES > 0:
         if j < K_ROUTED:
-            _prefetch_down(gate_w, dn_at, H * I // 2 + H * I // 16, DOWN_LINES)
+            _prefetch_down(gate_w, dn_at, dn_bytes, DOWN_LINES)
     gate = gate * (g_gate * 0.5)  # the codes count double
     up = up * (g_up * 0.5)
     tl.store(act_ptr + j * I + n, gate / (1.0 + tl.exp(-gate)) * up, mask=mask_n)
@@ -111,10 +112,16 @@ def _prefetch_down(gate_w, dn_at, down_bytes, DOWN_LINES: tl.constexpr):
     prefetch_l2(base + line.to(tl.int64) * 128, True)
 
 
-def down_prefetch_lines(hidden: int, inter: int, programs: int) -> int:
+def down_run(hidden: int, inter: int) -> tuple[int, int]:
+    """(the word it starts at, its bytes): an expert row's down codes and scales, one run up to its globals."""
+    off = _row_offsets(hidden, inter)
+    return off["dn_at"], 4 * (off["glob_at"] - off["dn_at"])
+
+
+def down_prefetch_lines(down_bytes: int, programs: int) -> int:
     """DOWN_LINES: the lines each of an expert's `programs` asks for, a power of 2, so that they cover its down
-    codes and scales (hidden * inter * 9 / 16 bytes)."""
-    return triton.next_power_of_2(triton.cdiv(triton.cdiv(hidden * inter * 9 // 16, 128), programs))
+    run of down_bytes."""
+    return triton.next_power_of_2(triton.cdiv(triton.cdiv(down_bytes, 128), programs))
 
 
 def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Tensor, hidden: int, inter: int,
@@ -156,7 +163,8 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
     programs = triton.cdiv(inter, block_n)
     down_prefetch = DOWN_PREFETCH if down_prefetch is None else down_prefetch
     if down_prefetch and rows.is_cuda and k > 0:  # the interpreter has no PTX to prefetch with
-        routing.update(dn_at=off["dn_at"], DOWN_LINES=down_prefetch_lines(hidden, inter, programs))
+        dn_at, dn_bytes = down_run(hidden, inter)
+        routing.update(dn_at=dn_at, dn_bytes=dn_bytes, DOWN_LINES=down_prefetch_lines(dn_bytes, programs))
     expert_gate_up_int_kernel[(n, programs)](
         pairs, xs, tables(rows.device), ids.reshape(-1).contiguous(), words, rows, out, inter, words.stride(0),
         off["gu_scale_at"], off["glob_at"], *gate, *up, H=hidden, K_ROUTED=k, HAS_EXTRA=extra is not None,

@@ -12,8 +12,9 @@ of the rate a chat user sees. Here:
 The uniform u is sample_tensor's (one draw of its CPU generator), so a seed draws the same token as the torch
 path, up to the order of the float sums (softmax's total, the CDF) where u falls within an ulp of a boundary.
 top_k in 1..MAX_K, or no cut at all; top_p < 1 without top_k (a full sort) stays on the torch path (handles()).
-Off until its GPU A/B (the switch sampler.FUSED_DRAW; bench_chat_loop.py's arm "fused"). Reference:
-runtime/sampler.draw, the torch path itself with a given u.
+On by default for CUDA logits (the switch sampler.FUSED_DRAW) since its GPU A/B (bench_chat_loop.py's arm
+"fused", docs/RESULTS.md session 22: the chat loop 1.041-1.056x). Reference: runtime/sampler.draw, the torch path
+itself with a given u.
 """
 from __future__ import annotations
 
