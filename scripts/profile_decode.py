@@ -167,13 +167,15 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "keys": (decode_router, "KEYS"), "tilesums": (parts_norm, "TILE_SUMS"),
             "guint": (nvfp4_int_experts, "ON"), "mixedfew": (gemv_mixed, "FEWEST_B_TILES"),
             "routeint": (nvfp4_int_experts, "ROUTE"), "attnmerge": (attention_decode, "MERGE_APART"),
-            "routeensure": (slot_ensure, "ROUTE"), "downpf": (nvfp4_int_experts, "DOWN_PREFETCH")}
+            "routeensure": (slot_ensure, "ROUTE"), "downpf": (nvfp4_int_experts, "DOWN_PREFETCH"),
+            "gugroups": (nvfp4_int_experts, "GROUPS")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}
 # Launch parameters an arm may set as NAME=VALUE (an int), e.g. fused-pdl/gdnbv=8.
 VALUES = {"gdnbv": (gdn_decode, "BLOCK_V"), "attnsplits": (attention_decode, "SPLITS"),
-          "attnbt": (attention_decode, "BLOCK_T"), "downbm": (nvfp4_experts_parts, "BLOCK_M")}
+          "attnbt": (attention_decode, "BLOCK_T"), "downbm": (nvfp4_experts_parts, "BLOCK_M"),
+          "gubn": (nvfp4_int_experts, "BLOCK_N_GPU")}
 VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES.items()}
 
 

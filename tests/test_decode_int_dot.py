@@ -84,3 +84,24 @@ def test_the_ensure_routing_first_gives_the_default_bytes_without_route_topk(qua
     monkeypatch.setattr(moe_fused, "route_topk", lambda *a, **k: routed.append(1) or real(*a, **k))
     assert torch.equal(eng.score(ids, prefill=24), default)
     assert not routed and int(eng.model.cache.misses) > 0
+
+
+def test_the_group_path_keeps_the_step_in_every_layer(quantized_ckpt, monkeypatch):  # noqa: F811
+    """nvfp4_int_experts.GROUPS (a thread's 16-code groups its own, nvfp4_int_groups): every gate/up launch of the
+    decode steps takes it, the programs routing themselves (bf16, resident); the same integers and, in the
+    interpreter, the same order of the fp32 sums, so the default's logits byte for byte (on a GPU the tile's sums
+    may go in another order: the GPU tier's bf16-level gate, test_gpu_decode_fused)."""
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(17))
+    default = _engine(quantized_ckpt, True, dtype=torch.bfloat16).score(ids, prefill=24)
+    monkeypatch.setattr(nvfp4_int_experts, "GROUPS", True)
+    launches, real = [], nvfp4_int_experts.expert_gate_up_int_kernel
+
+    class Spy:  # the launch's GROUPS and ROUTE, then the real launch
+        def __getitem__(self, grid):
+            return lambda *a, **k: launches.append((k["GROUPS"], k.get("ROUTE", 0))) or real[grid](*a, **k)
+
+    monkeypatch.setattr(nvfp4_int_experts, "expert_gate_up_int_kernel", Spy())
+    eng = _engine(quantized_ckpt, True, dtype=torch.bfloat16)
+    grouped = eng.score(ids, prefill=24)
+    assert launches == [(True, 1)] * (2 * len(eng.model.layers))
+    assert torch.equal(grouped, default)  # the interpreter adds the groups in one order on both paths

@@ -104,11 +104,12 @@ TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"
          "mixed": ("gemv_mixed", "MIXED"), "attn": ("attention_decode", "TRITON"),
          "routernorm": ("router_norm", "FUSED"),
          "tilesums": ("parts_norm", "TILE_SUMS"), "guint": ("nvfp4_int_experts", "ON"),
-         "mixedfew": ("gemv_mixed", "FEWEST_B_TILES"), "attnmerge": ("attention_decode", "MERGE_APART")}
+         "mixedfew": ("gemv_mixed", "FEWEST_B_TILES"), "attnmerge": ("attention_decode", "MERGE_APART"),
+         "gugroups": ("nvfp4_int_experts", "GROUPS")}
 
 
 @pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "tilesums",
-                                   "guint", "mixedfew", "attnmerge",
+                                   "guint", "mixedfew", "attnmerge", "gugroups",
                                    "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
@@ -121,7 +122,8 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     parts_norm.TILE_SUMS (the next layer's input norm from the down launch's tile sums, applied by its first
     GEMV): the same gate. nvfp4_int_experts.ON (the experts' gate/up as integer dots, x in int16 blocks; the
     default since session 19): the same gate. attention_decode.MERGE_APART (the split-KV merge in the output
-    gate's launch, attention_merge.py): the same gate."""
+    gate's launch, attention_merge.py): the same gate. nvfp4_int_experts.GROUPS (the integer gate/up with a
+    thread's groups its own, nvfp4_int_groups.py; its sums in the tile's order): the same gate."""
     import importlib
 
     ref = "synthetic:small-nvfp4"

@@ -25,6 +25,7 @@ from .launch import gdc_prologue, pdl_launch, prefetch_l2
 from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
 from .nvfp4_int_dot import gemv_int_reference, quantize_x16, rows_dot, tables, x_pair_tiles
+from .nvfp4_int_groups import gate_up_groups
 from .route_keys import route_args, route_rank_key, store_route
 from ..quant.nvfp4_rows import unpack_nvfp4_expert
 
@@ -50,6 +51,22 @@ ROUTE = True
 # (profile_decode arm "downpf", docs/RESULTS.md session 22) was neutral, 1.779 against 1.781 ms, so down's 6.5 us
 # is not its weights' DRAM time; the paired A/B is the next session's.
 DOWN_PREFETCH = False
+# Each thread owns whole 16-code groups of its rows, loaded and dotted in one PTX block a group
+# (nvfp4_int_groups.gate_up_groups): no layout conversion between the words, x's pairs and the scales. Under the
+# H200's Triton 3.6.0 (scripts/sass_nvfp4_int_dot.py, sm_90) the 1-row program is 488 SASS instructions instead
+# of 728 (3.8 a code instead of 5.7); routing itself, 952 instead of 1,200, of which a routed program of rank j
+# runs ~550 + 26 j instead of ~798 + 26 j (store_route's 376 run in program (0, 0) alone): ~28 % fewer
+# instructions a launch. Off until its GPU A/B (profile_decode arm "gugroups"); act is within an ulp of
+# rows_dot's (the fp32 sums in another order on a GPU), not its bytes.
+GROUPS = False
+# The group path's register cap on a GPU: at 64 a one-warp program an SM takes 32 of them (the block limit), at its
+# uncapped 66 only 28 (registers go by 8 a thread); capped, the routing program compiles to the same 1,056
+# instructions with nothing spilled (Triton 3.6.0, sm_90).
+GROUPS_MAXNREG = 64
+# Rows of gate and up a program on a GPU (block_n None): 1, at one warp, the fastest of five of the row path alone
+# on the H200 (docs/RESULTS.md session 19). The group path compiles to 848 instructions at 2 rows (3.3 a code, 64
+# registers, 2,304 programs: one H200 wave); profile_decode's "gubn=2" sets it.
+BLOCK_N_GPU = 1
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
@@ -60,14 +77,15 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
                               logits_ptr=None, E=0, wts_out_ptr=None, ids_out_ptr=None, shared_out_ptr=None,
                               ROUTE: tl.constexpr = 0, BLOCK_E: tl.constexpr = 32, KP: tl.constexpr = 1,
                               F16: tl.constexpr = False, W_BF16: tl.constexpr = True, dn_at=0, dn_bytes=0,
-                              DOWN_LINES: tl.constexpr = 0):
+                              DOWN_LINES: tl.constexpr = 0, GROUPS: tl.constexpr = False):
     """Program (j, t): expert j (0..k-1 routed, k the extra one), rows t * BLOCK_N ... of its gate and up.
     ROUTE: each routed program finds its expert, rank j of the router's 16-bit logits (route_keys.py), instead of
     reading ids[j], and program (0, 0) stores route_topk's outputs for the down launch (weights, ids, the shared
     gate's sigmoid); ROUTE 2 (a benchmark's routing trace): the rows are ids[j], the trace's, and the rank is
     still found, so that the launch does a user's work.
     DOWN_LINES > 0 (CUDA only): routed program (j, t) asks L2 for DOWN_LINES 128-byte lines of its expert's
-    down codes and scales (dn_bytes from word dn_at of its row on), the programs of an expert interleaved."""
+    down codes and scales (dn_bytes from word dn_at of its row on), the programs of an expert interleaved.
+    GROUPS: the dots through nvfp4_int_groups.gate_up_groups (a thread's groups its own) instead of rows_dot."""
     gdc_prologue(USE_GDC)  # PDL: x's pairs and the ids are the previous kernels' outputs
     j = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -85,9 +103,13 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
     gate_w, up_w, gate_s, up_s, g_gate, g_up = gate_up_pointers(
         ids_ptr, words_ptr, bytes_ptr, H, I, row_words, gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j,
         K_ROUTED, HAS_EXTRA, e_routed, ROUTE > 0)
-    p0, p1, p2, p3, tp0, tn0, xs = x_pair_tiles(pairs_ptr, xs_ptr, tables_ptr, H, BLOCK_N, BLOCK_G)
-    gate = rows_dot(gate_w, gate_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
-    up = rows_dot(up_w, up_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
+    if GROUPS:
+        gate, up = gate_up_groups(gate_w, up_w, gate_s, up_s, pairs_ptr, xs_ptr, tables_ptr, rows, mask_n, H,
+                                  BLOCK_N, BLOCK_G, DECODE)
+    else:
+        p0, p1, p2, p3, tp0, tn0, xs = x_pair_tiles(pairs_ptr, xs_ptr, tables_ptr, H, BLOCK_N, BLOCK_G)
+        gate = rows_dot(gate_w, gate_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
+        up = rows_dot(up_w, up_s, rows, mask_n, p0, p1, p2, p3, tp0, tn0, xs, H, BLOCK_G, DECODE)
     if DOWN_LINES > 0:
         if j < K_ROUTED:
             _prefetch_down(gate_w, dn_at, dn_bytes, DOWN_LINES)
@@ -127,7 +149,8 @@ def down_prefetch_lines(down_bytes: int, programs: int) -> int:
 def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Tensor, hidden: int, inter: int,
                        extra: tuple | None = None, out: torch.Tensor | None = None, *, xq: tuple | None = None,
                        block_n: int | None = None, num_warps: int = 1, decode: str | None = None,
-                       route: tuple | None = None, down_prefetch: bool | None = None) -> torch.Tensor:
+                       route: tuple | None = None, down_prefetch: bool | None = None,
+                       groups: bool | None = None) -> torch.Tensor:
     """expert_gate_up's act fp32 [k (+1), I] (its arguments, see there) through integer dots. xq: x already
     quantized (quantize_x16's (pairs, scales)); None: quantized here, one more launch. block_n (None: 1 row
     on a GPU, at one warp: the fastest of five alone on the H200, 7.93 us against expert_gate_up's 9.26, docs/
@@ -137,9 +160,11 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
     fills the outs as route_topk would, byte for byte; ids is then None, or a benchmark trace's ids [1, k] (the
     rows from the trace, the rank still found).
     down_prefetch (None: the switch DOWN_PREFETCH; CUDA only, else ignored): the routed programs ask L2 for their
-    experts' down rows (see DOWN_PREFETCH). No output byte depends on it."""
+    experts' down rows (see DOWN_PREFETCH). No output byte depends on it.
+    groups (None: the switch GROUPS): the dots through nvfp4_int_groups (see GROUPS); its PTX path needs the rows,
+    the shared expert's words and x's pairs 16-byte aligned (the engine's containers are)."""
     if block_n is None:
-        block_n = 1 if rows.is_cuda else min(64, triton.next_power_of_2(inter))
+        block_n = BLOCK_N_GPU if rows.is_cuda else min(64, triton.next_power_of_2(inter))
     words = _check(rows, hidden, inter)
     if hidden % 16:
         raise ValueError(f"hidden must be a multiple of 16, got {hidden}")
@@ -159,6 +184,10 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
     gate = up = (words, rows, out)  # unused stand-ins of the right pointer types
     if extra is not None:
         gate, up = _matrix(*extra[:3]), _matrix(*extra[3:])
+    groups = GROUPS if groups is None else groups
+    decode = decode or ("asm" if rows.is_cuda else "plain")
+    if groups and decode == "asm":
+        _check_group_alignment(rows, pairs, gate[0], up[0])
     off = _row_offsets(hidden, inter)
     programs = triton.cdiv(inter, block_n)
     down_prefetch = DOWN_PREFETCH if down_prefetch is None else down_prefetch
@@ -169,9 +198,19 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
         pairs, xs, tables(rows.device), ids.reshape(-1).contiguous(), words, rows, out, inter, words.stride(0),
         off["gu_scale_at"], off["glob_at"], *gate, *up, H=hidden, K_ROUTED=k, HAS_EXTRA=extra is not None,
         BLOCK_N=block_n, BLOCK_G=triton.next_power_of_2(hidden // 16),
-        DECODE=decode or ("asm" if rows.is_cuda else "plain"), num_warps=num_warps, **routing,
-        **pdl_launch(rows.device))
+        DECODE=decode, num_warps=num_warps, GROUPS=groups, **routing, **pdl_launch(rows.device),
+        **({"maxnreg": GROUPS_MAXNREG} if groups and block_n == 1 and rows.is_cuda else {}))
     return out
+
+
+def _check_group_alignment(rows: torch.Tensor, pairs: torch.Tensor, *words: torch.Tensor) -> None:
+    """The group path's PTX loads 8 bytes of a row's words and 16 of x's pairs at once: rows at a 16-byte start and
+    stride (quant.nvfp4_rows.padded_rows makes them so), the shared expert's words and the pairs 16-byte aligned."""
+    if rows.data_ptr() % 16 or rows.stride(0) % 16:
+        raise ValueError(f"the group path needs expert rows at a 16-byte start and stride (got stride "
+                         f"{rows.stride(0)}): hold them as quant.nvfp4_rows.padded_rows does")
+    if pairs.data_ptr() % 16 or any(w.data_ptr() % 16 for w in words):
+        raise ValueError("the group path needs x's pairs and the shared expert's words 16-byte aligned")
 
 
 def expert_gate_up_int_reference(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
