@@ -4,7 +4,7 @@ choose_config's config: registers, spill stack, shared memory, SASS instructions
 A check that the kernel compiles for the H200 and how much work a thread does, not a timing.
 
     PYTHONPATH=/tmp/tri36 python scripts/sass_gemv_multi.py [--dump DIR] [--persistent] [--pdl] [--fp8-cvt]
-        [--norm]   # DIR: ttgir / ptx / sass per shape; /tmp/tri36: the H200's Triton (sass_util.py)
+        [--norm] [--fp8-mma]  # --fp8-mma: FP8 on the tensor cores where choose_config takes it (gemv_multi.FP8_MMA)   # DIR: ttgir / ptx / sass per shape; /tmp/tri36: the H200's Triton (sass_util.py)
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ GLOBAL = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*fp32"}
 def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: bool = False, pdl: bool = False,
                  fp8_cvt: bool = False, norm: bool = False):
     fn = gm.gemv_multi_kernel
-    cvt = fp8_cvt and fmt == "fp8"
+    cvt = (fp8_cvt or cfg.mma) and fmt == "fp8"
     sig = {}
     for name in fn.arg_names:
         kind = name.rstrip("0123456789")
@@ -40,7 +40,7 @@ def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: b
     consts = dict(K=k, FMT=gm._FMT_ID[fmt], PARTS=parts, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   CHUNK=gm.chunk_words(fmt, cfg, fp8_cvt=cvt), OUT_BF16=True, USE_GDC=pdl, PERSISTENT=persistent,
                   L2_AHEAD=gm.L2_AHEAD if persistent else 0, FP8_CVT=cvt, NORM=norm, ROUND=1 if norm else 0,
-                  BLOCK_T=128 if norm else 1)
+                  BLOCK_T=128 if norm else 1, MMA=cfg.mma)
     if not norm:
         for name in ("sums_ptr", "nw_ptr", "sum_tiles", "eps"):
             sig[name] = "constexpr"
@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--pdl", action="store_true", help="with programmatic launch (USE_GDC)")
     ap.add_argument("--fp8-cvt", action="store_true", help="FP8 through the hardware conversion (gemv_multi.FP8_CVT)")
     ap.add_argument("--norm", action="store_true", help="x RMS-normed as it is loaded (norm=, TILE_SUMS' GEMVs)")
+    ap.add_argument("--fp8-mma", action="store_true", help="FP8 tiles on the tensor cores (gemv_multi.FP8_MMA)")
     args = ap.parse_args()
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
@@ -64,7 +65,7 @@ def main() -> None:
           f"{'cvt':>3} {'instr/code':>10}")
     for name, fmt, shapes, _ in GROUPS:
         k, n_total = shapes[0][1], sum(n for n, _ in shapes)
-        cfg = gm.choose_config(fmt, n_total, k)
+        cfg = gm.choose_config(fmt, n_total, k, fp8_mma=args.fp8_mma)
         kernel = compile_sm90(fmt, len(shapes), k, cfg, args.persistent, args.pdl, args.fp8_cvt, args.norm)
         stem = re.sub(r"\W+", "_", name)
         path = os.path.join(args.dump or "/tmp", f"gemv_multi_{stem}")
@@ -77,7 +78,8 @@ def main() -> None:
 
 
 def config_dict(cfg) -> dict:
-    return dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k)
+    return dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k,
+                **({"mma": True, "num_stages": cfg.num_stages} if cfg.mma else {}))
 
 
 if __name__ == "__main__":

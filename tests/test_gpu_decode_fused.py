@@ -139,3 +139,25 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     ra, rb = _rel(a[64:104], cpu[64:]), _rel(unfused[64:], cpu[64:])
     assert ra <= max(2e-2, 1.5 * rb), (ra, rb)
     assert (a[64:104].argmax(-1) == unfused[64:].argmax(-1)).float().mean() >= 0.9
+
+
+def test_fp8_on_the_tensor_cores_is_graph_stable_and_at_the_bf16_level(monkeypatch):
+    """gemv_multi.FP8_MMA (fp8_mma.py: the FP8 projections' tiles on wgmma, x split into three E4M3 terms), the
+    tile threshold lowered to the small model's sizes: graph replay byte-equal to eager over 190 steps with
+    programmatic launch, and the bf16 level against the unfused step (the gate of the other switches above)."""
+    from qwenlocal.engine.kernels import gemv_multi
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("FP8 wgmma needs sm_90+")
+    ref = "synthetic:small-nvfp4"
+    ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(37))
+    unfused = build(ref, decode_kernels="reference").score(ids[:104], prefill=64)
+    cpu = Engine.from_pretrained(ref, device="cpu", options={"prefill_chunk": CHUNK}).score(ids[:104], prefill=64)
+    monkeypatch.setattr(gemv_multi, "FP8_MMA", True)
+    monkeypatch.setattr(gemv_multi, "MMA_MIN_TILES", 1)
+    graphs, eager = build(ref, decode_kernels="fused-pdl"), build(ref, decode_kernels="fused-pdl", cuda_graphs=False)
+    a, b = graphs.score(ids, prefill=64), eager.score(ids, prefill=64)
+    assert torch.isfinite(a).all() and torch.equal(a, b)
+    ra, rb = _rel(a[64:104], cpu[64:]), _rel(unfused[64:], cpu[64:])
+    assert ra <= max(2e-2, 1.5 * rb), (ra, rb)
+    assert (a[64:104].argmax(-1) == unfused[64:].argmax(-1)).float().mean() >= 0.9

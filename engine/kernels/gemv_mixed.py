@@ -42,7 +42,8 @@ def gemv_mixed_kernel(x_ptr, out_ptr, a0, a1, sa0, sa1, ga0, ga1, na0, na1, pa1,
                       FMT_B: tl.constexpr, PARTS_B: tl.constexpr, BLOCK_N_B: tl.constexpr, BLOCK_K_B: tl.constexpr,
                       CHUNK_B: tl.constexpr, FP8_CVT_B: tl.constexpr, USE_GDC: tl.constexpr = False,
                       sums_ptr=None, nw_ptr=None, sum_tiles=0, eps=0.0, NORM: tl.constexpr = False,
-                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1):
+                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1, MMA_A: tl.constexpr = False,
+                      MMA_B: tl.constexpr = False):
     """Programs 0 .. tiles_b - 1: the second format's tiles (outputs from row rows_a on); the rest the first's.
     NORM: x RMS-normed as it is loaded, as gemv_multi_kernel's."""
     pid = tl.program_id(0)
@@ -54,7 +55,7 @@ def gemv_mixed_kernel(x_ptr, out_ptr, a0, a1, sa0, sa1, ga0, ga1, na0, na1, pa1,
         gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
         rstd_b = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
         gm._tile_product(x_ptr, out_ptr + rows_a, wb, sb, gb, rows_b, mask_b, out_b, K, FMT_B, BLOCK_N_B,
-                         BLOCK_K_B, CHUNK_B, OUT_BF16, FP8_CVT_B, nw_ptr, rstd_b, NORM, ROUND)
+                         BLOCK_K_B, CHUNK_B, OUT_BF16, FP8_CVT_B, nw_ptr, rstd_b, NORM, ROUND, MMA_B)
     else:
         t = pid - tiles_b
         w, s, g, rows64, mask_n, out_rows = gm._tile_rows(t, a0, a1, a0, a0, sa0, sa1, sa0, sa0, ga0, ga1, ga0,
@@ -62,7 +63,7 @@ def gemv_mixed_kernel(x_ptr, out_ptr, a0, a1, sa0, sa1, ga0, ga1, na0, na1, pa1,
         gdc_prologue(USE_GDC)
         rstd = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
         gm._tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT_A, BLOCK_N_A, BLOCK_K_A,
-                         CHUNK_A, OUT_BF16, FP8_CVT_A, nw_ptr, rstd, NORM, ROUND)
+                         CHUNK_A, OUT_BF16, FP8_CVT_A, nw_ptr, rstd, NORM, ROUND, MMA_A)
 
 
 def _side(x: torch.Tensor, parts, fp8_cvt: bool):
@@ -99,6 +100,11 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
         raise ValueError(f"both sides are {fmt_a}: one format a call is gemv_multi's")
     cfg_a = gm.launch_config(fmt_a, sum(ns_a), k, elem_a, x.device)
     cfg_b = dataclasses.replace(gm.launch_config(fmt_b, sum(ns_b), k, elem_b, x.device), num_warps=cfg_a.num_warps)
+    cvt_a, cvt_b = fp8_cvt or cfg_a.mma, fp8_cvt or cfg_b.mma  # the tensor cores take the codes as elements
+    if cvt_a != fp8_cvt:
+        args_a = _side(x, parts_a, True)[2]
+    if cvt_b != fp8_cvt:
+        args_b = _side(x, parts_b, True)[2]
     if FEWEST_B_TILES:
         cfg_b = dataclasses.replace(cfg_b, block_n=fewest_tiles_rows(fmt_b, ns_b, cfg_b.block_k, elem_b))
     out_dtype = out_dtype or x.dtype
@@ -112,9 +118,10 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
         *(b[2] for b in args_b), *pad_n(ns_b), tiles_b[0], sum(tiles_b), sum(ns_a), K=k,
         OUT_BF16=out_dtype == torch.bfloat16,
         FMT_A=gm._FMT_ID[fmt_a], PARTS_A=len(ns_a), BLOCK_N_A=cfg_a.block_n, BLOCK_K_A=cfg_a.block_k,
-        CHUNK_A=gm.chunk_words(fmt_a, cfg_a, elem_a, fp8_cvt), FP8_CVT_A=fp8_cvt and fmt_a == gm.FP8,
+        CHUNK_A=gm.chunk_words(fmt_a, cfg_a, elem_a, cvt_a), FP8_CVT_A=cvt_a and fmt_a == gm.FP8,
         FMT_B=gm._FMT_ID[fmt_b], PARTS_B=len(ns_b), BLOCK_N_B=cfg_b.block_n, BLOCK_K_B=cfg_b.block_k,
-        CHUNK_B=gm.chunk_words(fmt_b, cfg_b, elem_b, fp8_cvt), FP8_CVT_B=fp8_cvt and fmt_b == gm.FP8,
+        CHUNK_B=gm.chunk_words(fmt_b, cfg_b, elem_b, cvt_b), FP8_CVT_B=cvt_b and fmt_b == gm.FP8,
+        MMA_A=cfg_a.mma, MMA_B=cfg_b.mma,
         num_warps=cfg_a.num_warps, num_stages=cfg_a.num_stages, **gm.norm_launch(norm, x, k),
         **pdl_launch(x.device))
     return out

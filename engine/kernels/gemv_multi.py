@@ -35,6 +35,7 @@ import triton.language as tl
 
 from .decode_norm import round_code
 from .gemv_codes import dense_block, fp8_block, nvfp4_block, prefetch_rows, tiles_rstd
+from .fp8_mma import fp8_mma_rows
 from .fp8_scaled_mm import fp8_tensor_cores
 from .launch import gdc_prologue, pdl_launch, resident_programs
 from ..quant.formats import dequant_fp8, dequant_nvfp4
@@ -89,20 +90,26 @@ def _prefetch_tile(t, tiles, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3, n0,
 def _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K: tl.constexpr, FMT: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, OUT_BF16: tl.constexpr,
                   FP8_CVT: tl.constexpr, nw_ptr=None, rstd=None, NORM: tl.constexpr = False,
-                  ROUND: tl.constexpr = 0):
+                  ROUND: tl.constexpr = 0, MMA: tl.constexpr = False):
     """One tile: BLOCK_N rows of one part times x, stored at out_rows. FP8_CVT: the FP8 codes as float8e4nv
-    elements, converted by the hardware (sm_89+: two codes an instruction, exact) in the dense path's tile."""
+    elements, converted by the hardware (sm_89+: two codes an instruction, exact) in the dense path's tile.
+    MMA (FP8, the codes as float8e4nv elements): the tile on the tensor cores, fp8_mma.fp8_mma_rows."""
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):  # one block where K <= BLOCK_K; unrolled otherwise (K/BLOCK_K small)
-        if FMT == 0 or (FMT == 1 and FP8_CVT):
-            acc += dense_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
-        elif FMT == 1:
-            acc += fp8_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM, ROUND)
-        else:
-            acc += nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM,
-                               ROUND)
-    if FMT == 1 and FP8_CVT:
+    if FMT == 1 and MMA:
+        acc = fp8_mma_rows(x_ptr, w, rows64, mask_n, K, BLOCK_N, BLOCK_K, nw_ptr, rstd, NORM, ROUND)
+    else:
+        for k0 in tl.static_range(0, K, BLOCK_K):  # one block where K <= BLOCK_K; unrolled otherwise (few blocks)
+            if FMT == 0 or (FMT == 1 and FP8_CVT):
+                acc += dense_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM,
+                                   ROUND)
+            elif FMT == 1:
+                acc += fp8_block(x_ptr, w, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM,
+                                 ROUND)
+            else:
+                acc += nvfp4_block(x_ptr, w, s, rows64, mask_n, k0, K, BLOCK_K, EVEN_K, CHUNK, nw_ptr, rstd, NORM,
+                                   ROUND)
+    if FMT == 1 and (FP8_CVT or MMA):
         acc = acc * tl.load(s).to(tl.float32)
     elif FMT == 1:
         acc = acc * (tl.load(s).to(tl.float32) * 256.0)  # undo the decode's 2^-8
@@ -118,7 +125,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
                       USE_GDC: tl.constexpr = False, PREFETCH: tl.constexpr = False,
                       PERSISTENT: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0, FP8_CVT: tl.constexpr = False,
                       sums_ptr=None, nw_ptr=None, sum_tiles=0, eps=0.0, NORM: tl.constexpr = False,
-                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1):
+                      ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1, MMA: tl.constexpr = False):
     """Tile t (BLOCK_N rows of one part, `_tile_part`) of `tiles`. One program a tile, or PERSISTENT: the grid's
     programs take the tiles pid, pid + grid, ... in turn, and ask L2 for the rows of the tile L2_AHEAD turns
     ahead before each tile's loads, so that an SM's loads stream while it decodes and sums (the programs of one
@@ -141,7 +148,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
             w, s, g, rows64, mask_n, out_rows = _tile_rows(t, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
                                                            n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
             _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                          OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND)
+                          OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND, MMA)
     else:
         w, s, g, rows64, mask_n, out_rows = _tile_rows(pid, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2, g3,
                                                        n0, n1, n2, n3, p1, p2, p3, PARTS, BLOCK_N)
@@ -151,7 +158,7 @@ def gemv_multi_kernel(x_ptr, out_ptr, w0, w1, w2, w3, s0, s1, s2, s3, g0, g1, g2
         gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
         rstd = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
         _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                      OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND)
+                      OUT_BF16, FP8_CVT, nw_ptr, rstd, NORM, ROUND, MMA)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +170,7 @@ class GemvConfig:
     num_stages: int = 1  # the K blocks are unrolled (K is a compile-time constant): nothing to pipeline
     programs: int = 0  # 0: one program a tile; n: at most n persistent programs, each taking tiles in turn
     l2_ahead: int = 0  # persistent: ask L2 for the tile this many turns ahead (0: no prefetch; CUDA only)
+    mma: bool = False  # FP8 on the tensor cores (fp8_mma.py): 64 rows a program, a pipelined K loop
 
 
 # The L2 prefetch of the weights ahead of the programmatic-launch wait (PDL only): off; in its A/B on the H200
@@ -181,6 +189,15 @@ L2_AHEAD = 2
 # sums in another order. On: the resident 16K step 2.668 -> 2.455 ms, median of 5 interleaved rounds, every
 # round faster (docs/RESULTS.md, session 9 call 1). GPUs before sm_89 keep the bit path.
 FP8_CVT = True
+# FP8 tiles on the tensor cores (fp8_mma.py: the codes into wgmma untouched, x split into three E4M3 terms): 2.2
+# SASS instructions a code against 5.2 for the FP8_CVT tile (Triton 3.6.0, sm_90). For the launches of at least
+# MMA_MIN_TILES tiles of 64 rows (GDN in_proj 192 + b/a, attention q+k+v 144; not out_proj / o_proj's 32: too few
+# programs to stream 8 MB), on sm_90+ and in Triton's interpreter. Off until its GPU A/B (profile_decode arm
+# "fp8mma"); y within ~1e-4 of the fp32 W x, not FP8_CVT's bytes.
+FP8_MMA = False
+MMA_BLOCK_N = 64  # wgmma's M: one warpgroup of 4 warps
+MMA_BLOCK_K = 128  # a K step: 4 wgmma of K 32, added into fp32 after each step
+MMA_MIN_TILES = 128
 REGS_PER_THREAD = 128  # what the configs' sm_90 code uses at most (scripts/sass_gemv_multi.py): 2 x 8 warps an SM
 # (Tried: the cap above as ptxas' register limit, maxnreg; removed, not run, docs/RESULTS.md session 18: its
 # premise was Triton 3.9's 182-register tiles, the H200's 3.6.0 makes them 80 and the cap 99.)
@@ -201,8 +218,10 @@ def row_bytes(fmt: str, k: int, elem_bytes: int = 2) -> int:
     return {DENSE: k * elem_bytes, FP8: k, NVFP4: k // 2 + k // 16}[fmt]
 
 
-def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2) -> GemvConfig:
-    """The launch config, a pure function of (format, total rows, K): the whole row per program up to K 4096;
+def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2, fp8_mma: bool = False) -> GemvConfig:
+    """The launch config, a pure function of (format, total rows, K, FP8 on the tensor cores allowed): FP8 with
+    fp8_mma and >= MMA_MIN_TILES tiles of MMA_BLOCK_N rows: those tiles, 4 warps, a 3-stage K loop; else the
+    whole row per program up to K 4096;
     the most rows per program that keeps >= TARGET_PROGRAMS programs (one row each where even that is too
     few: the small latency-bound linears) and a tile of <= MAX_TILE_BYTES; warps for ~BYTES_PER_THREAD each,
     and 2 warps across a row where one would hold more than X_PER_THREAD x values a thread (FP8: 32). A small
@@ -210,6 +229,9 @@ def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2) -> GemvCo
     (2.6 -> 2.3 and 2.4 -> 2.1 us on the H200: latency-bound, more loads in flight per program)."""
     if fmt not in _FMT_ID:
         raise ValueError(f"no GEMV for format {fmt!r} (known: {', '.join(_FMT_ID)})")
+    if fp8_mma and fmt == FP8 and triton.cdiv(n_total, MMA_BLOCK_N) >= MMA_MIN_TILES:
+        return GemvConfig(MMA_BLOCK_N, min(MMA_BLOCK_K, max(32, triton.next_power_of_2(k))), 4, num_stages=3,
+                          mma=True)
     block_k = min(max(16, triton.next_power_of_2(k)), MAX_BLOCK_K)
     tile_row = row_bytes(fmt, block_k, elem_bytes)
     block_n = 1
@@ -232,11 +254,16 @@ def persistent_config(cfg: GemvConfig, device: torch.device) -> GemvConfig:
                                l2_ahead=L2_AHEAD if device.type == "cuda" else 0)
 
 
+def fp8_mma_capable(device: torch.device) -> bool:
+    """FP8 wgmma: sm_90+ (Triton lowers an FP8 dot on older GPUs through fp16); Triton's interpreter (tests)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def launch_config(fmt: str, n_total: int, k: int, elem_bytes: int, device: torch.device,
                   persistent: bool = False) -> GemvConfig:
-    """choose_config on this device: Triton's interpreter (its time goes by programs) takes wider tiles (tests;
-    a row's sum is the same), and `persistent` makes it one wave of programs."""
-    cfg = choose_config(fmt, n_total, k, elem_bytes)
+    """choose_config on this device (FP8_MMA where the device has it): Triton's interpreter (its time goes by
+    programs) takes wider tiles (tests; a row's sum is the same), and `persistent` makes it one wave of programs."""
+    cfg = choose_config(fmt, n_total, k, elem_bytes, FP8_MMA and fp8_mma_capable(device))
     if device.type != "cuda":
         cfg = dataclasses.replace(cfg, block_n=max(cfg.block_n, min(32, triton.next_power_of_2(n_total))))
     return persistent_config(cfg, device) if persistent else cfg
@@ -321,6 +348,8 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
                      programs=programs, l2_ahead=l2_ahead)
     cfg = dataclasses.replace(launch_config(fmt, n_total, k, elem, x.device, PERSISTENT),
                               **{name: v for name, v in overrides.items() if v is not None})
+    if cfg.mma and not fp8_cvt:  # the tensor cores take the codes as float8e4nv elements
+        args = [_kernel_args(fmt, t, True) for t in tensors]
     if cfg.l2_ahead and x.device.type != "cuda":
         raise ValueError("the L2 prefetch (l2_ahead) needs a CUDA device (Triton's interpreter has no PTX)")
     if any(v < 1 or v & (v - 1) for v in (cfg.block_n, cfg.block_k, cfg.warps_k)) or cfg.block_k < 16:
@@ -339,7 +368,7 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
         x.reshape(-1).contiguous(), exact_out(out), *ws, *ss, *gs, *(ns + [0] * pad), *starts, sum(tiles),
         K=k, FMT=_FMT_ID[fmt], PARTS=len(args), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         CHUNK=chunk_words(fmt, cfg, elem, fp8_cvt), PREFETCH=WEIGHT_PREFETCH, PERSISTENT=persistent,
-        FP8_CVT=fp8_cvt and fmt == FP8,
+        FP8_CVT=fp8_cvt and fmt == FP8, MMA=cfg.mma,
         L2_AHEAD=cfg.l2_ahead if persistent else 0,
         OUT_BF16=out_dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **norm_args, **pdl_launch(x.device))

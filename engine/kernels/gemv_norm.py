@@ -32,7 +32,8 @@ FUSED = False
 def gemv_norm_kernel(a_ptr, proj_out_ptr, proj_ptr, w0, s0, g0, n0, tiles, counter_ptr, x_ptr, norm_w_ptr,
                      new_x_ptr, norm_ptr, eps, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, FP8_CVT: tl.constexpr, ROUND: tl.constexpr,
-                     BLOCK_H: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr = False):
+                     BLOCK_H: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr = False,
+                     MMA: tl.constexpr = False):
     """Tile pid of the projection (gemv_multi_kernel's tile, one part), then add_rms_norm's row in the last
     program to arrive. proj_out_ptr: the projection as _store_exact writes it (bf16 as int16 bits); proj_ptr:
     the same bytes in their own dtype, as the norm reads them."""
@@ -41,7 +42,7 @@ def gemv_norm_kernel(a_ptr, proj_out_ptr, proj_ptr, w0, s0, g0, n0, tiles, count
                                                       n0, 0, 0, 0, tiles, tiles, tiles, 1, BLOCK_N)
     gdc_prologue(USE_GDC)  # PDL: the activation and the residual are read only after this
     gm._tile_product(a_ptr, proj_out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT, BLOCK_N, BLOCK_K, CHUNK,
-                     ROUND == 1, FP8_CVT)
+                     ROUND == 1, FP8_CVT, MMA=MMA)
     if last_to_arrive(counter_ptr, tiles, FENCE):
         _add_rms_norm_row(x_ptr, proj_ptr, norm_w_ptr, new_x_ptr, norm_ptr, 0, n0, 0, 0, 0, 0, eps, 0, True,
                           ROUND, BLOCK_H, 0)
@@ -69,6 +70,9 @@ def gemv_add_rms_norm(a: torch.Tensor, weight, x: torch.Tensor, norm_w: torch.Te
         raise ValueError("counter must be launch.new_counter(a.device): one int32 on a's device")
     elem = w.element_size() if fmt == gm.DENSE else 2
     cfg = gm.launch_config(fmt, n, k, elem, a.device)
+    if cfg.mma and not fp8_cvt:  # the tensor cores take the codes as float8e4nv elements
+        fp8_cvt = True
+        w, s, g = gm._kernel_args(fmt, tensors[0], True)
     proj = torch.empty(1, n, device=a.device, dtype=x.dtype)
     new_x, normed = torch.empty_like(x), torch.empty_like(x)
     tiles = triton.cdiv(n, cfg.block_n)
@@ -76,6 +80,6 @@ def gemv_add_rms_norm(a: torch.Tensor, weight, x: torch.Tensor, norm_w: torch.Te
         a.reshape(-1).contiguous(), exact_out(proj), proj, w, s, g, n, tiles, counter, x, norm_w,
         exact_out(new_x), exact_out(normed), eps, K=k, FMT=gm._FMT_ID[fmt], BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, CHUNK=gm.chunk_words(fmt, cfg, elem, fp8_cvt), FP8_CVT=fp8_cvt and fmt == gm.FP8,
-        ROUND=round_code(x.dtype), BLOCK_H=triton.next_power_of_2(n), FENCE=a.device.type == "cuda",
+        ROUND=round_code(x.dtype), BLOCK_H=triton.next_power_of_2(n), FENCE=a.device.type == "cuda", MMA=cfg.mma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(a.device))
     return new_x, normed
