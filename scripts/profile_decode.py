@@ -175,7 +175,8 @@ SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITC
 # Launch parameters an arm may set as NAME=VALUE (an int), e.g. fused-pdl/gdnbv=8.
 VALUES = {"gdnbv": (gdn_decode, "BLOCK_V"), "attnsplits": (attention_decode, "SPLITS"),
           "attnbt": (attention_decode, "BLOCK_T"), "downbm": (nvfp4_experts_parts, "BLOCK_M"),
-          "gubn": (nvfp4_int_experts, "BLOCK_N_GPU")}
+          "gubn": (nvfp4_int_experts, "BLOCK_N_GPU"), "mmabk": (gemv_multi, "MMA_BLOCK_K"),
+          "mmastages": (gemv_multi, "MMA_STAGES")}
 VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES.items()}
 
 

@@ -109,7 +109,7 @@ def test_normed_input_and_the_two_format_launch(monkeypatch, nan_empty):
 def test_choose_config_takes_the_tensor_cores_only_where_there_are_tiles_enough():
     """The real geometry: GDN in_proj (12,288 FP8 rows) and q+k+v (9,216) on the tensor cores, out_proj /
     o_proj (2,048 rows of K 4,096: 32 tiles) and every other format on the CUDA cores; off without fp8_mma."""
-    assert gm.choose_config("fp8", 12288, 2048, fp8_mma=True) == gm.GemvConfig(64, 128, 4, num_stages=3, mma=True)
+    assert gm.choose_config("fp8", 12288, 2048, fp8_mma=True) == gm.GemvConfig(64, 256, 4, num_stages=4, mma=True)
     assert gm.choose_config("fp8", 9216, 2048, fp8_mma=True).mma
     assert not gm.choose_config("fp8", 2048, 4096, fp8_mma=True).mma
     assert not gm.choose_config("nvfp4", 248320, 2048, fp8_mma=True).mma

@@ -189,14 +189,19 @@ L2_AHEAD = 2
 # sums in another order. On: the resident 16K step 2.668 -> 2.455 ms, median of 5 interleaved rounds, every
 # round faster (docs/RESULTS.md, session 9 call 1). GPUs before sm_89 keep the bit path.
 FP8_CVT = True
-# FP8 tiles on the tensor cores (fp8_mma.py: the codes into wgmma untouched, x split into three E4M3 terms): 2.2
-# SASS instructions a code against 5.2 for the FP8_CVT tile (Triton 3.6.0, sm_90). For the launches of at least
+# FP8 tiles on the tensor cores (fp8_mma.py: the codes into wgmma untouched, x split into three E4M3 terms): the
+# GDN in_proj tile with x normed as loaded is 2.2 SASS instructions a code against 5.8 for the FP8_CVT tile
+# (Triton 3.6.0, sm_90, scripts/sass_gemv_multi.py --fp8-mma --norm --pdl). For the launches of at least
 # MMA_MIN_TILES tiles of 64 rows (GDN in_proj 192 + b/a, attention q+k+v 144; not out_proj / o_proj's 32: too few
 # programs to stream 8 MB), on sm_90+ and in Triton's interpreter. Off until its GPU A/B (profile_decode arm
 # "fp8mma"); y within ~1e-4 of the fp32 W x, not FP8_CVT's bytes.
 FP8_MMA = False
 MMA_BLOCK_N = 64  # wgmma's M: one warpgroup of 4 warps
-MMA_BLOCK_K = 128  # a K step: 4 wgmma of K 32, added into fp32 after each step
+# A K step (its wgmmas of K 32 added into fp32 after it) and the pipeline's depth: 256 x 4 keeps 3 steps of 16 KB
+# in flight a program (~1.5 programs an SM at in_proj's 192 tiles: ~70 KB an SM, ~9 MB over the H200, twice its
+# bandwidth-latency product), 80 KB of shared memory; profile_decode's "mmabk=N" / "mmastages=N" vary them.
+MMA_BLOCK_K = 256
+MMA_STAGES = 4
 MMA_MIN_TILES = 128
 REGS_PER_THREAD = 128  # what the configs' sm_90 code uses at most (scripts/sass_gemv_multi.py): 2 x 8 warps an SM
 # (Tried: the cap above as ptxas' register limit, maxnreg; removed, not run, docs/RESULTS.md session 18: its
@@ -220,7 +225,7 @@ def row_bytes(fmt: str, k: int, elem_bytes: int = 2) -> int:
 
 def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2, fp8_mma: bool = False) -> GemvConfig:
     """The launch config, a pure function of (format, total rows, K, FP8 on the tensor cores allowed): FP8 with
-    fp8_mma and >= MMA_MIN_TILES tiles of MMA_BLOCK_N rows: those tiles, 4 warps, a 3-stage K loop; else the
+    fp8_mma and >= MMA_MIN_TILES tiles of MMA_BLOCK_N rows: those tiles, 4 warps, an MMA_STAGES-deep K loop; else the
     whole row per program up to K 4096;
     the most rows per program that keeps >= TARGET_PROGRAMS programs (one row each where even that is too
     few: the small latency-bound linears) and a tile of <= MAX_TILE_BYTES; warps for ~BYTES_PER_THREAD each,
@@ -230,8 +235,8 @@ def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2, fp8_mma: 
     if fmt not in _FMT_ID:
         raise ValueError(f"no GEMV for format {fmt!r} (known: {', '.join(_FMT_ID)})")
     if fp8_mma and fmt == FP8 and triton.cdiv(n_total, MMA_BLOCK_N) >= MMA_MIN_TILES:
-        return GemvConfig(MMA_BLOCK_N, min(MMA_BLOCK_K, max(32, triton.next_power_of_2(k))), 4, num_stages=3,
-                          mma=True)
+        return GemvConfig(MMA_BLOCK_N, min(MMA_BLOCK_K, max(32, triton.next_power_of_2(k))), 4,
+                          num_stages=MMA_STAGES, mma=True)
     block_k = min(max(16, triton.next_power_of_2(k)), MAX_BLOCK_K)
     tile_row = row_bytes(fmt, block_k, elem_bytes)
     block_n = 1
