@@ -168,7 +168,8 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "guint": (nvfp4_int_experts, "ON"), "mixedfew": (gemv_mixed, "FEWEST_B_TILES"),
             "routeint": (nvfp4_int_experts, "ROUTE"), "attnmerge": (attention_decode, "MERGE_APART"),
             "routeensure": (slot_ensure, "ROUTE"), "downpf": (nvfp4_int_experts, "DOWN_PREFETCH"),
-            "gugroups": (nvfp4_int_experts, "GROUPS"), "fp8mma": (gemv_multi, "FP8_MMA")}
+            "gugroups": (nvfp4_int_experts, "GROUPS"), "fp8mma": (gemv_multi, "FP8_MMA"),
+            "dngroups": (nvfp4_experts_parts, "GROUPS")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

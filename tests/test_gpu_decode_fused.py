@@ -105,11 +105,11 @@ TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"
          "routernorm": ("router_norm", "FUSED"),
          "tilesums": ("parts_norm", "TILE_SUMS"), "guint": ("nvfp4_int_experts", "ON"),
          "mixedfew": ("gemv_mixed", "FEWEST_B_TILES"), "attnmerge": ("attention_decode", "MERGE_APART"),
-         "gugroups": ("nvfp4_int_experts", "GROUPS")}
+         "gugroups": ("nvfp4_int_experts", "GROUPS"), "dngroups": ("nvfp4_experts_parts", "GROUPS")}
 
 
 @pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "tilesums",
-                                   "guint", "mixedfew", "attnmerge", "gugroups",
+                                   "guint", "mixedfew", "attnmerge", "gugroups", "dngroups", "gugroups+dngroups",
                                    "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
@@ -123,7 +123,8 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     GEMV): the same gate. nvfp4_int_experts.ON (the experts' gate/up as integer dots, x in int16 blocks; the
     default since session 19): the same gate. attention_decode.MERGE_APART (the split-KV merge in the output
     gate's launch, attention_merge.py): the same gate. nvfp4_int_experts.GROUPS (the integer gate/up with a
-    thread's groups its own, nvfp4_int_groups.py; its sums in the tile's order): the same gate."""
+    thread's groups its own, nvfp4_int_groups.py; its sums in the tile's order) and nvfp4_experts_parts.GROUPS
+    (the down rows the same way, nvfp4_down_groups.py): the same gate, each alone and both."""
     import importlib
 
     ref = "synthetic:small-nvfp4"

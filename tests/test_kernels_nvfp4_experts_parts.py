@@ -1,6 +1,7 @@
 """The MoE down projection split over the experts (expert_down_parts) against its torch reference on awkward
 sizes, and its parts summed by add_rms_norm (a 3-D delta) against the model's sum: in Triton's interpreter on the
-CPU, natively on the GPU tier. Byte-equality of bank rows vs slot rows with another stride."""
+CPU, natively on the GPU tier. Byte-equality of bank rows vs slot rows with another stride. The group path
+(nvfp4_down_groups, groups=): the same references, its refusals, its PTX against its plain form (GPU tier)."""
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ from test_kernels_nvfp4_experts_decode import DEVICE, SIZES, _close, _dev, _prob
 
 CASES = [(False, False, False), (True, True, False), (True, False, False), (False, False, True)]
 CONFIGS = [dict(block_m=16), dict(block_m=32, block_g=2, x_split=False, group_scales=False),
-           dict(block_m=64, decode="exact")]
+           dict(block_m=64, decode="exact"), dict(block_m=16, groups=True)]  # groups: nvfp4_down_groups
 
 
 @pytest.mark.parametrize("hidden, inter, experts, ids", SIZES)
@@ -164,3 +165,63 @@ def test_the_shared_expert_alone_gives_the_joint_launchs_bytes(nan_empty):
         assert torch.equal(parts, joint)
     with pytest.raises(ValueError, match="write_shared=False"):
         expert_down_parts(act, weights, ids_t, rows, hidden, inter, dn, scale, write_shared=False)
+
+
+def test_the_group_path_refuses_persistent_programs_and_unaligned_rows():
+    hidden, inter = 96, 48
+    _, weights, ids_t, rows, shared, _, _ = _problem(hidden, inter, 4, [1, 3], 2)
+    act = torch.randn(3, inter, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="one program a tile"):
+        expert_down_parts(act, weights, ids_t, rows, hidden, inter, groups=True, programs=4)
+    wide = torch.zeros(rows.shape[0], rows.shape[1] + 20, dtype=torch.uint8)
+    wide[:, 4:4 + rows.shape[1]] = rows
+    with pytest.raises(ValueError, match="16-byte start and stride"):
+        expert_down_parts(act, weights, ids_t, wide[:, 4:], hidden, inter, groups=True, decode="asm")
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the PTX path needs a CUDA GPU (the GPU tier)")
+def test_the_group_ptx_gives_the_plain_forms_bytes_at_the_real_geometry():
+    """nvfp4_down_groups' PTX block and its tl.load / tl.fma form: the same integers and FMA order, so the same
+    parts byte for byte on one GPU; within an fp32 rounding of the row path's."""
+    from qwenlocal.engine.quant.nvfp4_rows import padded_rows
+
+    hidden, inter = 2048, 512
+    _, weights, ids_t, rows, shared, scale, _ = _problem(hidden, inter, 12, [3, 7, 1, 0, 11, 5, 2, 9], 6)
+    act = torch.randn(9, inter, generator=torch.Generator().manual_seed(6))
+    args = _dev(act, weights, ids_t, padded_rows(rows, hidden, inter))
+    kw = dict(extra=_dev(shared[2])[0], extra_scale=_dev(scale)[0], groups=True)
+    a = expert_down_parts(*args, hidden, inter, decode="asm", **kw)
+    b = expert_down_parts(*args, hidden, inter, decode="fp16", **kw)  # "fp16": the group path's plain form
+    assert torch.isfinite(a).all() and torch.equal(a, b)
+    rowwise = expert_down_parts(*args, hidden, inter, extra=kw["extra"], extra_scale=kw["extra_scale"])
+    assert ((a - rowwise).abs().max() / rowwise.abs().max()) < 1e-5
+
+
+_COMPILE = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+import sass_down_groups as s
+print(json.dumps({str(g): s.counts(s.compile_down_sm90(g), os.path.join(sys.argv[1], f"d{int(g)}"), False)
+                  for g in (False, True)}))
+"""
+
+
+def test_sm90_code_of_the_group_path_drops_the_layouts_barriers_and_registers(tmp_path):
+    """The step's down launch compiled here for sm_90 (no GPU; scripts/sass_down_groups.py): on the group path
+    fewer instructions, registers, barriers and shared-memory loads than on the row path."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    scripts = os.path.join(os.path.dirname(__file__), "..", "scripts")
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path), os.path.abspath(scripts)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    if run.returncode and "cuobjdump" in run.stderr:
+        pytest.skip("no cuobjdump in this Triton build: the sm_90 code cannot be inspected here")
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    rows, groups = out["False"], out["True"]
+    assert groups["n"] < rows["n"] and int(groups["reg"]) < int(rows["reg"])
+    assert groups["bar"] < rows["bar"] and groups["lds"] < rows["lds"]

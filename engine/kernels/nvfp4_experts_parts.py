@@ -25,10 +25,20 @@ from .nvfp4_triton import exact_out
 from .parts_norm import parts_norm_tail
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
+from .nvfp4_down_groups import extra_down_groups, routed_down_groups
 from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
 from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs
 
 BLOCK_M = 16  # outputs a program (the H200 sweep's best, docs/RESULTS.md session 6)
+# Each thread owns whole 16-code groups of its rows, loaded, decoded and dotted in one PTX block a group
+# (nvfp4_down_groups.rows_groups): no layout conversion between the words, the activations and the scales. Under
+# the H200's Triton 3.6.0 (scripts/sass_down_groups.py) the step's 2-warp program of 16 rows with its tile-sums
+# tail compiles to 1,720 SASS instructions instead of 1,872 (both the routed and the shared branch), 48 registers
+# instead of 96, 4 barriers instead of 36, 3 shared loads instead of 34: the decode itself (a LOP3, ~0.9 SHF, a
+# HADD2.F32 and an FFMA a code) is the same, so this removes the layout's share only. Off until its GPU A/B
+# (profile_decode arm "dngroups"); the parts within an fp32 rounding of rows_part's (another order of the
+# sums), not their bytes. One program a tile only.
+GROUPS = False
 
 
 @triton.jit
@@ -36,10 +46,25 @@ def _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I,
                glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, xs, w, mask_w,
                K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
                HAS_ADDEND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
-               DECODE: tl.constexpr, X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr):
-    """parts[j, m] for expert j (0..k-1 routed, k the shared one) and outputs m."""
+               DECODE: tl.constexpr, X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr,
+               GROUPS: tl.constexpr = False):
+    """parts[j, m] for expert j (0..k-1 routed, k the shared one) and outputs m; GROUPS: the rows through
+    nvfp4_down_groups (DECODE "asm" or "plain")."""
     mask_m = m < H
-    if j < K_ROUTED:
+    if GROUPS:
+        out = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if j < K_ROUTED:
+            y, y_scale = routed_down_groups(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I,
+                                            row_words, dn_at, dn_scale_at, glob_at, BLOCK_G, DECODE)
+            out = y * y_scale
+        else:
+            if HAS_EXTRA:
+                y, y_scale = extra_down_groups(act_ptr, xd_w, xd_s, xd_g, extra_scale_ptr, m, mask_m, I, K_ROUTED,
+                                               HAS_EXTRA_SCALE, BLOCK_G, DECODE)
+                out = y * y_scale
+            if HAS_ADDEND:
+                out = tl.load(addend_ptr + m, mask=mask_m, other=0.0).to(tl.float32)
+    elif j < K_ROUTED:
         y, y_scale = routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words, dn_at,
                                   dn_scale_at, glob_at, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, xs, w,
                                   mask_w, ONE_STEP)
@@ -66,7 +91,7 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                              GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False,
                              PERSISTENT: tl.constexpr = False, NORM_TAIL: tl.constexpr = False,
                              ROUND: tl.constexpr = 0, BLOCK_H: tl.constexpr = 16, FENCE: tl.constexpr = False,
-                             TILE_SUMS: tl.constexpr = False):
+                             TILE_SUMS: tl.constexpr = False, GROUPS: tl.constexpr = False):
     """Grid (output tiles, k + 1 experts). PERSISTENT (the whole row in one K step): grid (programs an expert,
     k + 1); program (q, j) takes the output tiles q, q + grid, ... of expert j with act[j]'s activations
     loaded once: the same bytes as one program a tile. NORM_TAIL (one program a tile, every part written): the
@@ -89,7 +114,7 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
         _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words, dn_at, dn_scale_at,
                    glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, None, None, None, K_ROUTED,
                    HAS_EXTRA, HAS_EXTRA_SCALE, HAS_ADDEND, BLOCK_M, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES,
-                   False)
+                   False, GROUPS)
         if NORM_TAIL:
             parts_norm_tail(parts_ptr, x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm_ptr, counters_ptr, eps, H,
                             tl.program_id(0), tl.num_programs(0), K_ROUTED + 1, BLOCK_M, ROUND, BLOCK_H, FENCE,
@@ -102,7 +127,7 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
                       write_shared: bool = True, block_m: int | None = None,
                       block_g: int | None = None, num_warps: int = 2, decode: str | None = None,
                       x_split: bool = True, group_scales: bool = True, programs: int | None = None,
-                      norm: tuple | None = None, sums: tuple | None = None):
+                      norm: tuple | None = None, sums: tuple | None = None, groups: bool | None = None):
     """fp32 parts [k + 1, 1, H]: parts[j] = weights[0, j] * (down_j @ act[j]) for the row rows[ids[0, j]],
     parts[k] = extra_scale * (down_extra @ act[k]) with extra = (down_packed, down_scale, down_scale2), or
     addend [1, H] (any float dtype), or zeros. act fp32 [k (+1), I] (expert_gate_up's). One launch, grid
@@ -116,6 +141,8 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     norm = (x [1, H], norm_w [H], eps, counters: launch.new_counter(device, H / block_m + 1)): the next residual
     add + RMSNorm in this launch (parts_norm.py): returns (new_x, normed), add_rms_norm(x, parts, norm_w, eps)'s
     (the norm within its order of sums), instead of the parts. One program a tile, every part written.
+    groups (None: the switch GROUPS): the rows through nvfp4_down_groups (one program a tile; its PTX path needs
+    the rows, the shared expert's words and act 16-byte aligned, as the engine holds them).
     sums = (x [1, H], counters: launch.new_counter(device, H / block_m)): returns (new_x, tile_sums fp32
     [H / block_m]) instead: new_x = add_rms_norm's, and each tile's sum of squares of it, for a GEMV's norm=
     (parts_norm.py TILE_SUMS). One program a tile; write_shared=False too (row k written before)."""
@@ -137,7 +164,13 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     if not write_shared and (extra is not None or addend is not None):
         raise ValueError("write_shared=False leaves the shared row to the caller: give neither extra nor addend")
     experts, tiles = k + 1 if write_shared else k, triton.cdiv(hidden, block_m)
-    programs = requested_programs(programs, act.device, num_warps, bg * 16 >= inter)
+    groups = GROUPS if groups is None else groups
+    decode = _decode(decode, rows)
+    if groups:
+        decode = "asm" if decode == "asm" else "plain"  # the group path's two forms (the same integers and FMAs)
+        _check_group_launch(rows, act, down[0] if extra is not None else None, programs, decode)
+    else:
+        programs = requested_programs(programs, act.device, num_warps, bg * 16 >= inter)
     per_expert = max(1, (programs or 0) // max(1, experts))
     persistent = programs is not None and per_expert < tiles
     tail = (_sums_tail(sums, act.device, hidden, tiles, not persistent) if sums is not None
@@ -148,10 +181,22 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
         addend.reshape(-1).contiguous() if addend is not None else act, *tail["args"],
         K_ROUTED=k, HAS_EXTRA=extra is not None, HAS_EXTRA_SCALE=extra_scale is not None,
         HAS_ADDEND=addend is not None, BLOCK_M=block_m, BLOCK_G=bg,
-        MASKED=hidden % block_m != 0 or (inter // 16) % bg != 0, DECODE=_decode(decode, rows), X_SPLIT=x_split,
-        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, **tail["consts"],
+        MASKED=hidden % block_m != 0 or (inter // 16) % bg != 0, DECODE=decode, X_SPLIT=x_split,
+        GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, GROUPS=groups, **tail["consts"],
         **pdl_launch(act.device))
     return tail["result"] if norm is not None or sums is not None else out
+
+
+def _check_group_launch(rows: torch.Tensor, act: torch.Tensor, shared_words: torch.Tensor | None,
+                        programs: int | None, decode: str) -> None:
+    """The group path's checks before its launch: one program a tile (whatever the switch PERSISTENT says) and,
+    for its PTX, 16-byte aligned rows, act and shared words."""
+    if programs:
+        raise ValueError("the group path (groups=) runs one program a tile: give no programs=")
+    if decode == "asm" and (rows.data_ptr() % 16 or rows.stride(0) % 16 or act.data_ptr() % 16
+                            or (shared_words is not None and shared_words.data_ptr() % 16)):
+        raise ValueError("the group path needs expert rows at a 16-byte start and stride, act and the shared "
+                         "expert's words 16-byte aligned: hold the rows as quant.nvfp4_rows.padded_rows does")
 
 
 def _norm_tail(norm: tuple | None, device, hidden: int, tiles: int, possible: bool) -> dict:
