@@ -70,12 +70,14 @@ def test_the_tensor_core_tiles_match_the_references(ns, k, x_dtype, monkeypatch,
     mma = torch.cat([fp8_mma.fp8_mma_reference(p["weight"].cpu().view(torch.uint8), x.cpu())
                      * p["weight_scale"].double().cpu() for p in parts])
     bound = abs_bound(x, parts).double().reshape(-1)
-    assert ((got.cpu().double().reshape(-1) - mma).abs() <= 2e-5 * bound + 1e-7).all()  # the sums' rounding
+    # the sums' rounding: fp32 in the interpreter; on a GPU the tensor cores' ~14-bit FP8 accumulation too
+    tol = 2e-5 if DEVICE == "cpu" else 4 * 2.0 ** -14
+    assert ((got.cpu().double().reshape(-1) - mma).abs() <= tol * bound + 1e-7).all()
     ref = gm.gemv_multi_reference(x, parts, out_dtype=torch.float32)  # dequantized, fp32 F.linear
-    assert ((got.cpu() - ref.cpu()).abs().reshape(-1).double() <= 1e-4 * bound + 1e-6).all()
+    assert ((got.cpu() - ref.cpu()).abs().reshape(-1).double() <= (tol + 1e-4) * bound + 1e-6).all()
     monkeypatch.setattr(gm, "FP8_MMA", False)
     cores = gm.gemv_multi(x, parts, out_dtype=torch.float32)  # the CUDA-core tile, for the step's other arm
-    assert ((got.cpu() - cores.cpu()).abs().reshape(-1).double() <= 1e-4 * bound + 1e-6).all()
+    assert ((got.cpu() - cores.cpu()).abs().reshape(-1).double() <= (tol + 1e-4) * bound + 1e-6).all()
 
 
 def test_normed_input_and_the_two_format_launch(monkeypatch, nan_empty):
@@ -95,7 +97,8 @@ def test_normed_input_and_the_two_format_launch(monkeypatch, nan_empty):
     got = gm.gemv_multi(x, a, out_dtype=torch.float32, norm=(sums, norm_w, 1e-6))
     plain = gm.gemv_multi(normed, a, out_dtype=torch.float32)
     bound = abs_bound(normed, a).reshape(-1)
-    assert ((got.cpu() - plain.cpu()).abs().reshape(-1) <= 2.0 ** -7 * bound + 1e-6).all()  # an ulp of the input
+    assert ((got.cpu() - plain.cpu()).abs().reshape(-1) <= 2.0 ** -7 * bound + 1e-6).all()  # an ulp of the input,
+    # or on a GPU the tensor cores' adds (each launch its own order: far under that)
     if DEVICE == "cpu":
         assert torch.equal(got, plain)  # the interpreter: rstd in one order, the same normed values
     mixed = gemv_mixed.gemv_two_formats(x, a, b, out_dtype=torch.float32, norm=(sums, norm_w, 1e-6))

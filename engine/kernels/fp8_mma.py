@@ -14,10 +14,11 @@ Numbers: s = 2^(e - 7), e the exponent of x's largest |value| (so |x / s| < 256,
 term is its residual rounded to E4M3's grid (4 significant bits, quantum >= 2^-9) by fp32 arithmetic, so its
 conversion to E4M3 is exact (Triton's interpreter rounds E4M3 wrongly across a binade; no rounding is left to
 it), and its residual exactly representable: hi + mid / 16 holds a bf16 x exactly (down to 2^-13 of |x|max,
-where E4M3's quantum takes over), lo the next 4 bits of an fp32 x (12 in all): within 2^-12 * |x|max. The products code x term are exact; the tensor cores add a K step
-(BLOCK_K codes) at their own precision (~2^-14 relative on Hopper's FP8 MMA, the figure DeepSeek-V3 reports),
-and each step's sums go into fp32 (max_num_imprecise_acc = BLOCK_K). So y is at ~1e-4 relative of the fp32 W x:
-not gemv_multi's bytes, under bf16's 2^-9; deterministic (one order a launch config).
+where E4M3's quantum takes over), lo the next 4 bits of an fp32 x (12 in all): within 2^-12 * |x|max.
+The products code x term are exact. The tensor cores add them at their own precision (~14 bits on Hopper's FP8
+MMA, the figure DeepSeek-V3 reports), and every 128 codes' sums go into fp32 (PROMOTE). So y is within a few
+2^-14 of sum |w x| of the fp32 W x (interpreter: fp32's rounding only): not gemv_multi's bytes, under bf16's
+2^-9; deterministic (one order a launch config).
 
 Reference: fp8_mma_reference (the same split in torch, the products and sums in fp64) and gemv_multi_reference
 (dequantized weights, F.linear in fp32).
@@ -31,6 +32,9 @@ import triton.language as tl
 from .gemv_codes import x_values
 
 MMA_COLUMNS = 16  # the MMA's N: x's three terms in columns 0..2
+# Codes the tensor cores add at their own precision before fp32 takes the sum over (max_num_imprecise_acc): 128,
+# the interval DeepSeek-V3 found enough for Hopper's ~14-bit FP8 accumulation (4 wgmma of K 32).
+PROMOTE = tl.constexpr(128)
 
 
 @triton.jit
@@ -89,7 +93,7 @@ def fp8_mma_rows(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.constexp
         hi, mid, lo = split_e4m3(x_values(x_ptr, ks, ks < K, nw_ptr, rstd, NORM, ROUND) * inv)
         zero = tl.zeros([16, BLOCK_K], dtype=tl.float8e4nv)
         xt = tl.where(col == 0, hi[None, :], tl.where(col == 1, mid[None, :], tl.where(col == 2, lo[None, :], zero)))
-        acc = tl.dot(wt, tl.trans(xt), acc, max_num_imprecise_acc=BLOCK_K)
+        acc = tl.dot(wt, tl.trans(xt), acc, max_num_imprecise_acc=min(PROMOTE, BLOCK_K))
     weight = tl.where(col == 0, 1.0, tl.where(col == 1, 0.0625, tl.where(col == 2, 0.00390625, 0.0)))
     return tl.sum(acc * tl.reshape(weight, [1, 16]), axis=1) * s
 

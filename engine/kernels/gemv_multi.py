@@ -190,7 +190,7 @@ L2_AHEAD = 2
 # round faster (docs/RESULTS.md, session 9 call 1). GPUs before sm_89 keep the bit path.
 FP8_CVT = True
 # FP8 tiles on the tensor cores (fp8_mma.py: the codes into wgmma untouched, x split into three E4M3 terms): the
-# GDN in_proj tile with x normed as loaded is 2.2 SASS instructions a code against 5.8 for the FP8_CVT tile
+# GDN in_proj tile with x normed as loaded is 2.4 SASS instructions a code against 5.8 for the FP8_CVT tile
 # (Triton 3.6.0, sm_90, scripts/sass_gemv_multi.py --fp8-mma --norm --pdl). For the launches of at least
 # MMA_MIN_TILES tiles of 64 rows (GDN in_proj 192 + b/a, attention q+k+v 144; not out_proj / o_proj's 32: too few
 # programs to stream 8 MB), on sm_90+ and in Triton's interpreter. Off until its GPU A/B (profile_decode arm
