@@ -2,11 +2,6 @@
 lines of an expert's programs cover its down run (codes and scales) and nothing outside it (Triton's interpreter,
 awkward sizes), and in the sm_90 code compiled here (no GPU) the switch adds the L2 prefetch and no load. That
 no output byte moves is the GPU tier's (tests/test_gpu_decode_fused.py, the switches that move no byte)."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -16,6 +11,7 @@ import triton.language as tl  # noqa: E402
 from qwenlocal.engine.kernels import nvfp4_int_experts as nie  # noqa: E402
 from qwenlocal.engine.kernels.nvfp4_experts_decode import _row_offsets  # noqa: E402
 from qwenlocal.engine.quant.nvfp4_rows import nvfp4_expert_row_bytes  # noqa: E402
+from sass_support import sm90_json  # noqa: E402
 
 
 @triton.jit
@@ -42,7 +38,6 @@ def test_the_programs_lines_cover_the_down_run_and_stay_in_it(hidden, inter, pro
 
 _COMPILE = r"""
 import json, os, sys
-sys.path.insert(0, sys.argv[2])
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -67,14 +62,7 @@ print(json.dumps(out))
 
 
 def test_sm90_code_with_the_switch_adds_the_prefetch_and_no_load(tmp_path):
-    scripts = os.path.join(os.path.dirname(__file__), "..", "scripts")
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path), os.path.abspath(scripts)], env=env,
-                         capture_output=True, text=True, timeout=300)
-    if run.returncode and "cuobjdump" in run.stderr:
-        pytest.skip("no cuobjdump in this Triton build: the sm_90 code cannot be inspected here")
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = json.loads(run.stdout.splitlines()[-1])
+    out = sm90_json(_COMPILE, tmp_path)
     off, on = out["0"], out["16"]
     assert off[0] == 0 and on[0] >= 1  # the prefetch is there only with the switch
     assert on[1] == off[1]  # no load added

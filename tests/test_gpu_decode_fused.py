@@ -105,11 +105,15 @@ TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"
          "routernorm": ("router_norm", "FUSED"),
          "tilesums": ("parts_norm", "TILE_SUMS"), "guint": ("nvfp4_int_experts", "ON"),
          "mixedfew": ("gemv_mixed", "FEWEST_B_TILES"), "attnmerge": ("attention_decode", "MERGE_APART"),
-         "gugroups": ("nvfp4_int_experts", "GROUPS"), "dngroups": ("nvfp4_experts_parts", "GROUPS")}
+         "gugroups": ("nvfp4_int_experts", "GROUPS"), "dngroups": ("nvfp4_experts_parts", "GROUPS"),
+         "fp8mma": ("gemv_multi", "FP8_MMA")}
+# Settings a switch needs beside itself: fp8mma's tile threshold lowered to the small model's sizes
+ALONGSIDE = {"fp8mma": [("gemv_multi", "MMA_MIN_TILES", 1)]}
 
 
 @pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "tilesums",
                                    "guint", "mixedfew", "attnmerge", "gugroups", "dngroups", "gugroups+dngroups",
+                                   "fp8mma",
                                    "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
@@ -124,38 +128,19 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     default since session 19): the same gate. attention_decode.MERGE_APART (the split-KV merge in the output
     gate's launch, attention_merge.py): the same gate. nvfp4_int_experts.GROUPS (the integer gate/up with a
     thread's groups its own, nvfp4_int_groups.py; its sums in the tile's order) and nvfp4_experts_parts.GROUPS
-    (the down rows the same way, nvfp4_down_groups.py): the same gate, each alone and both."""
+    (the down rows the same way, nvfp4_down_groups.py): the same gate, each alone and both. gemv_multi.FP8_MMA
+    (the FP8 projections' tiles on wgmma, fp8_mma.py; sm_90+), its tile threshold lowered: the same gate."""
     import importlib
 
+    if "fp8mma" in tails and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("FP8 wgmma needs sm_90+")
     ref = "synthetic:small-nvfp4"
     ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(36))
     unfused = build(ref, decode_kernels="reference").score(ids[:104], prefill=64)
     cpu = Engine.from_pretrained(ref, device="cpu", options={"prefill_chunk": CHUNK}).score(ids[:104], prefill=64)
     for name in tails.split("+"):
-        module, attr = TAILS[name]
-        monkeypatch.setattr(importlib.import_module(f"qwenlocal.engine.kernels.{module}"), attr, True)
-    graphs, eager = build(ref, decode_kernels="fused-pdl"), build(ref, decode_kernels="fused-pdl", cuda_graphs=False)
-    a, b = graphs.score(ids, prefill=64), eager.score(ids, prefill=64)
-    assert torch.isfinite(a).all() and torch.equal(a, b)
-    ra, rb = _rel(a[64:104], cpu[64:]), _rel(unfused[64:], cpu[64:])
-    assert ra <= max(2e-2, 1.5 * rb), (ra, rb)
-    assert (a[64:104].argmax(-1) == unfused[64:].argmax(-1)).float().mean() >= 0.9
-
-
-def test_fp8_on_the_tensor_cores_is_graph_stable_and_at_the_bf16_level(monkeypatch):
-    """gemv_multi.FP8_MMA (fp8_mma.py: the FP8 projections' tiles on wgmma, x split into three E4M3 terms), the
-    tile threshold lowered to the small model's sizes: graph replay byte-equal to eager over 190 steps with
-    programmatic launch, and the bf16 level against the unfused step (the gate of the other switches above)."""
-    from qwenlocal.engine.kernels import gemv_multi
-
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("FP8 wgmma needs sm_90+")
-    ref = "synthetic:small-nvfp4"
-    ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(37))
-    unfused = build(ref, decode_kernels="reference").score(ids[:104], prefill=64)
-    cpu = Engine.from_pretrained(ref, device="cpu", options={"prefill_chunk": CHUNK}).score(ids[:104], prefill=64)
-    monkeypatch.setattr(gemv_multi, "FP8_MMA", True)
-    monkeypatch.setattr(gemv_multi, "MMA_MIN_TILES", 1)
+        for module, attr, value in [(*TAILS[name], True)] + ALONGSIDE.get(name, []):
+            monkeypatch.setattr(importlib.import_module(f"qwenlocal.engine.kernels.{module}"), attr, value)
     graphs, eager = build(ref, decode_kernels="fused-pdl"), build(ref, decode_kernels="fused-pdl", cuda_graphs=False)
     a, b = graphs.score(ids, prefill=64), eager.score(ids, prefill=64)
     assert torch.isfinite(a).all() and torch.equal(a, b)

@@ -3,11 +3,6 @@ In Triton's interpreter (natively on a GPU): the split against its torch referen
 exactly), the tile against fp8_mma_reference and the dequantized fp32 GEMV on awkward sizes (masked rows, a K
 that is no multiple of the K step, parts across tiles, x normed as it is loaded), gemv_mixed's FP8 side
 byte for byte gemv_multi's, choose_config's choice; the sm_90 code compiled here (no GPU)."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -17,6 +12,7 @@ import triton.language as tl  # noqa: E402
 from qwenlocal.engine.kernels import fp8_mma, gemv_mixed  # noqa: E402
 from qwenlocal.engine.kernels import gemv_multi as gm  # noqa: E402
 from test_decode_fused import quantized_ckpt  # noqa: E402,F401 (the fixture, by name)
+from sass_support import sm90_json  # noqa: E402
 from test_kernels_gemv_multi import DEVICE, abs_bound, make_part  # noqa: E402
 
 
@@ -122,7 +118,6 @@ def test_choose_config_takes_the_tensor_cores_only_where_there_are_tiles_enough(
 
 _COMPILE = r"""
 import json, os, re, sys
-sys.path.insert(0, sys.argv[2])
 import sass_gemv_multi as s
 from sass_util import loop_instructions, sass_of
 from qwenlocal.engine.kernels import gemv_multi as gm
@@ -143,14 +138,7 @@ def test_sm90_code_runs_the_codes_through_fp8_wgmma(tmp_path):
     """The real GDN in_proj tile (FP8, K 2,048, x normed as loaded, PDL) compiled here for sm_90 (no GPU):
     on the tensor cores the codes reach E4M3 wgmma (QGMMA) undecoded, with less than half the CUDA-core tile's
     instructions a code (scripts/sass_gemv_multi.py --fp8-mma)."""
-    scripts = os.path.join(os.path.dirname(__file__), "..", "scripts")
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path), os.path.abspath(scripts)], env=env,
-                         capture_output=True, text=True, timeout=300)
-    if run.returncode and "cuobjdump" in run.stderr:
-        pytest.skip("no cuobjdump in this Triton build: the sm_90 code cannot be inspected here")
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = json.loads(run.stdout.splitlines()[-1])
+    out = sm90_json(_COMPILE, tmp_path)
     cores, mma = out["False"], out["True"]
     assert mma["gmma"] >= 4 and mma["hmma"] == 0 and cores["gmma"] == 0
     assert mma["cvt"] < 8 < cores["cvt"]  # the split's few conversions, not one a pair of codes

@@ -199,7 +199,6 @@ def test_the_group_ptx_gives_the_plain_forms_bytes_at_the_real_geometry():
 
 _COMPILE = r"""
 import json, os, sys
-sys.path.insert(0, sys.argv[2])
 import sass_down_groups as s
 print(json.dumps({str(g): s.counts(s.compile_down_sm90(g), os.path.join(sys.argv[1], f"d{int(g)}"), False)
                   for g in (False, True)}))
@@ -209,19 +208,9 @@ print(json.dumps({str(g): s.counts(s.compile_down_sm90(g), os.path.join(sys.argv
 def test_sm90_code_of_the_group_path_drops_the_layouts_barriers_and_registers(tmp_path):
     """The step's down launch compiled here for sm_90 (no GPU; scripts/sass_down_groups.py): on the group path
     fewer instructions, registers, barriers and shared-memory loads than on the row path."""
-    import json
-    import os
-    import subprocess
-    import sys
+    from sass_support import sm90_json
 
-    scripts = os.path.join(os.path.dirname(__file__), "..", "scripts")
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path), os.path.abspath(scripts)], env=env,
-                         capture_output=True, text=True, timeout=300)
-    if run.returncode and "cuobjdump" in run.stderr:
-        pytest.skip("no cuobjdump in this Triton build: the sm_90 code cannot be inspected here")
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = json.loads(run.stdout.splitlines()[-1])
+    out = sm90_json(_COMPILE, tmp_path)
     rows, groups = out["False"], out["True"]
     assert groups["n"] < rows["n"] and int(groups["reg"]) < int(rows["reg"])
     assert groups["bar"] < rows["bar"] and groups["lds"] < rows["lds"]

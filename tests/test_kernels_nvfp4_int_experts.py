@@ -18,11 +18,14 @@ SIZES = [(96, 48, 7, [2, 5, 2]), (160, 80, 6, [5, 0, 3, 3, 1]), (2048, 16, 3, [1
 @pytest.mark.parametrize("hidden,inter,experts,ids", SIZES)
 @pytest.mark.parametrize("with_shared", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gate_up_int_matches_its_twin_and_the_fp32_reference(hidden, inter, experts, ids, with_shared, dtype):
+@pytest.mark.parametrize("groups", [False, True])  # the row path, and nvfp4_int_groups' (GROUPS)
+def test_gate_up_int_matches_its_twin_and_the_fp32_reference(hidden, inter, experts, ids, with_shared, dtype,
+                                                               groups):
     x, _, ids_t, rows, shared, _, _ = _dev(*_problem(hidden, inter, experts, ids, hidden + inter, dtype))
     extra = shared[0] + shared[1] if with_shared else None
     out = torch.full((len(ids) + with_shared, inter), float("nan"), device=rows.device)
-    expert_gate_up_int(x, ids_t, rows, hidden, inter, extra, out=out, block_n=16 if inter % 16 == 0 else 32)
+    expert_gate_up_int(x, ids_t, rows, hidden, inter, extra, out=out, block_n=16 if inter % 16 == 0 else 32,
+                       groups=groups)
     twin = expert_gate_up_int_reference(x.cpu(), ids_t.cpu(), rows.cpu(), hidden, inter,
                                         tuple(t.cpu() for t in extra) if extra else None)
     ref = expert_gate_up_reference(x.cpu(), ids_t.cpu(), rows.cpu(), hidden, inter,

@@ -1,23 +1,18 @@
 """kernels/nvfp4_int_groups.py through expert_gate_up_int(groups=True): a thread's 16-code groups its own. In
-Triton's interpreter: against the torch twin (fp32 order) and the fp32 reference on awkward sizes (masked groups
-and rows, repeated ids, with and without the shared expert), the routing launch's outputs, the alignment refusal
+Triton's interpreter: against the row path on awkward sizes (masked groups and rows, repeated ids, with and
+without the shared expert; the twin and the fp32 reference are test_kernels_nvfp4_int_experts' groups cases),
+the routing launch's outputs, the alignment refusal
 of the PTX path, its sm_90 code compiled here (no GPU); natively (GPU tier): the PTX gives the plain path's
 bytes at the real geometry."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 from qwenlocal.engine.kernels.decode_router import route_topk  # noqa: E402
-from qwenlocal.engine.kernels.nvfp4_experts_decode import expert_gate_up_reference  # noqa: E402
-from qwenlocal.engine.kernels.nvfp4_int_experts import (expert_gate_up_int,  # noqa: E402
-                                                         expert_gate_up_int_reference)
+from qwenlocal.engine.kernels.nvfp4_int_experts import expert_gate_up_int  # noqa: E402
 from qwenlocal.engine.quant.nvfp4_rows import padded_rows  # noqa: E402
+from sass_support import sm90_json  # noqa: E402
 from test_kernels_nvfp4_experts_decode import _dev, _problem  # noqa: E402
 
 # (H, I, E, ids, block_n): 96 -> 6 groups (2 masked of 8), 160 -> 10 (6 of 16); I 48 at 32 rows a program: the
@@ -27,23 +22,17 @@ SIZES = [(96, 48, 7, [2, 5, 2], 32), (160, 80, 6, [5, 0, 3, 3, 1], 16)]
 
 @pytest.mark.parametrize("hidden,inter,experts,ids,block_n", SIZES)
 @pytest.mark.parametrize("with_shared", [True, False])
-def test_groups_match_the_twin_the_reference_and_the_row_path(hidden, inter, experts, ids, block_n, with_shared):
+def test_groups_match_the_row_path_and_the_shared_expert_alone(hidden, inter, experts, ids, block_n, with_shared):
+    """Against the row path (rows_dot: the same integers and scales, the sums in another order on a GPU) and, for
+    the shared expert, its launch alone; the twin and the fp32 reference: test_kernels_nvfp4_int_experts'
+    groups cases."""
     x, _, ids_t, rows, shared, _, _ = _dev(*_problem(hidden, inter, experts, ids, 7 * hidden + inter,
                                                      torch.bfloat16))
     extra = shared[0] + shared[1] if with_shared else None
-    n = len(ids) + with_shared
-    out = torch.full((n, inter), float("nan"), device=rows.device)
+    out = torch.full((len(ids) + with_shared, inter), float("nan"), device=rows.device)
     expert_gate_up_int(x, ids_t, rows, hidden, inter, extra, out=out, block_n=block_n, groups=True)
     rowwise = expert_gate_up_int(x, ids_t, rows, hidden, inter, extra, block_n=block_n, groups=False)
-    twin = expert_gate_up_int_reference(x.cpu(), ids_t.cpu(), rows.cpu(), hidden, inter,
-                                        tuple(t.cpu() for t in extra) if extra else None)
-    ref = expert_gate_up_reference(x.cpu(), ids_t.cpu(), rows.cpu(), hidden, inter,
-                                   tuple(t.cpu() for t in extra) if extra else None)
-    big = ref.abs().max()
-    assert torch.isfinite(out).all()
-    assert ((out.cpu() - twin).abs().max() / big) < 1e-5  # the same integers, the fp32 sums in another order
-    assert ((out.cpu() - ref).abs().max() / big) < 5e-4  # x's int16 blocks
-    assert ((out - rowwise).abs().max() / big) < 1e-6
+    assert torch.isfinite(out).all() and ((out - rowwise).abs().max() / rowwise.abs().max()) < 1e-6
     if with_shared:  # the shared expert's row is its own tensors' (extra), not a routed row's
         lone = expert_gate_up_int(x, ids_t[:, :0], rows, hidden, inter, extra, block_n=block_n, groups=True)
         assert torch.equal(lone[0], out[-1])
@@ -102,7 +91,6 @@ def test_the_group_ptx_gives_the_plain_paths_bytes_at_the_real_geometry(route):
 
 _COMPILE = r"""
 import json, os, re, sys
-sys.path.insert(0, sys.argv[2])
 import sass_nvfp4_int_dot as s
 from sass_util import sass_of
 out = {}
@@ -120,14 +108,7 @@ def test_sm90_code_of_the_group_path_moves_nothing_through_shared_memory(tmp_pat
     """Compiled here for sm_90 (no GPU; scripts/sass_nvfp4_int_dot.py's launch, the programs routing themselves):
     the same integer dots (IDP count) as the row path, no shared-memory layout conversion or barrier, only the
     two rows' final sums between lanes, fewer instructions, at most 64 registers (one-warp programs, 32 an SM)."""
-    scripts = os.path.join(os.path.dirname(__file__), "..", "scripts")
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path), os.path.abspath(scripts)], env=env,
-                         capture_output=True, text=True, timeout=300)
-    if run.returncode and "cuobjdump" in run.stderr:
-        pytest.skip("no cuobjdump in this Triton build: the sm_90 code cannot be inspected here")
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = json.loads(run.stdout.splitlines()[-1])
+    out = sm90_json(_COMPILE, tmp_path)
     rows, groups = out["False"], out["True"]
     assert groups["idp"] == rows["idp"] == 64  # 2 rows x 8 words a thread x 4 dp2a
     assert groups["sts"] == groups["lds"] == groups["bar"] == 0 < rows["sts"]
