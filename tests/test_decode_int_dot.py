@@ -39,7 +39,7 @@ def test_the_gate_up_launch_routing_itself_gives_the_default_bytes_without_route
     """nvfp4_int_experts.ROUTE (resident experts): the integer gate/up's programs find their experts from the
     router's logits and fill route_topk's outputs for the down launch: the step's logits byte for byte, under a
     benchmark's routing trace too, and route_topk never runs in a decode step; offloaded experts (slots to
-    ensure) keep route_topk. bf16, as on a GPU (16-bit logits)."""
+    ensure) keep route_topk. bf16, as on a GPU (16-bit logits). The group path (GROUPS) too, routing itself."""
     from qwenlocal.engine.model import moe_fused
 
     ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(8))
@@ -52,6 +52,22 @@ def test_the_gate_up_launch_routing_itself_gives_the_default_bytes_without_route
     monkeypatch.setattr(moe_fused, "route_topk", lambda *a, **k: routed.append(1) or real(*a, **k))
     assert torch.equal(eng.score(ids, prefill=24), default)
     assert not routed
+    if not opts:  # nvfp4_int_experts.GROUPS (a thread's 16-code groups its own): every launch of both steps takes
+        # it, routing itself; the same integers and, in the interpreter, the same order of the fp32 sums, so the
+        # default's bytes (on a GPU the tile's sums may go in another order: the GPU tier's bf16-level gate)
+        monkeypatch.setattr(nvfp4_int_experts, "GROUPS", True)
+        launches, kernel = [], nvfp4_int_experts.expert_gate_up_int_kernel
+
+        class Spy:  # the launch's GROUPS and ROUTE, then the real launch
+            def __getitem__(self, grid):
+                return lambda *a, **k: launches.append((k["GROUPS"], k.get("ROUTE", 0))) or kernel[grid](*a, **k)
+
+        monkeypatch.setattr(nvfp4_int_experts, "expert_gate_up_int_kernel", Spy())
+        grouped = _engine(quantized_ckpt, True, dtype=torch.bfloat16)
+        assert torch.equal(grouped.score(ids, prefill=24), default)
+        assert launches == [(True, 1)] * (2 * len(grouped.model.layers))
+        monkeypatch.setattr(nvfp4_int_experts, "GROUPS", False)
+        monkeypatch.setattr(nvfp4_int_experts, "expert_gate_up_int_kernel", kernel)
     if not opts:  # offloaded: the slots are ensured from route_topk's ids, the same bytes
         slotted = _engine(quantized_ckpt, True, dtype=torch.bfloat16, expert_slots=12)
         assert not moe_fused.routes_itself(slotted.model.layers[0].moe, torch.empty(1, dtype=torch.bfloat16))
@@ -85,23 +101,3 @@ def test_the_ensure_routing_first_gives_the_default_bytes_without_route_topk(qua
     assert torch.equal(eng.score(ids, prefill=24), default)
     assert not routed and int(eng.model.cache.misses) > 0
 
-
-def test_the_group_path_keeps_the_step_in_every_layer(quantized_ckpt, monkeypatch):  # noqa: F811
-    """nvfp4_int_experts.GROUPS (a thread's 16-code groups its own, nvfp4_int_groups): every gate/up launch of the
-    decode steps takes it, the programs routing themselves (bf16, resident); the same integers and, in the
-    interpreter, the same order of the fp32 sums, so the default's logits byte for byte (on a GPU the tile's sums
-    may go in another order: the GPU tier's bf16-level gate, test_gpu_decode_fused)."""
-    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(17))
-    default = _engine(quantized_ckpt, True, dtype=torch.bfloat16).score(ids, prefill=24)
-    monkeypatch.setattr(nvfp4_int_experts, "GROUPS", True)
-    launches, real = [], nvfp4_int_experts.expert_gate_up_int_kernel
-
-    class Spy:  # the launch's GROUPS and ROUTE, then the real launch
-        def __getitem__(self, grid):
-            return lambda *a, **k: launches.append((k["GROUPS"], k.get("ROUTE", 0))) or real[grid](*a, **k)
-
-    monkeypatch.setattr(nvfp4_int_experts, "expert_gate_up_int_kernel", Spy())
-    eng = _engine(quantized_ckpt, True, dtype=torch.bfloat16)
-    grouped = eng.score(ids, prefill=24)
-    assert launches == [(True, 1)] * (2 * len(eng.model.layers))
-    assert torch.equal(grouped, default)  # the interpreter adds the groups in one order on both paths
