@@ -177,7 +177,7 @@ SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITC
 VALUES = {"gdnbv": (gdn_decode, "BLOCK_V"), "attnsplits": (attention_decode, "SPLITS"),
           "attnbt": (attention_decode, "BLOCK_T"), "downbm": (nvfp4_experts_parts, "BLOCK_M"),
           "gubn": (nvfp4_int_experts, "BLOCK_N_GPU"), "mmabk": (gemv_multi, "MMA_BLOCK_K"),
-          "mmastages": (gemv_multi, "MMA_STAGES")}
+          "mmastages": (gemv_multi, "MMA_STAGES"), "mmamin": (gemv_multi, "MMA_MIN_TILES")}
 VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES.items()}
 
 

@@ -193,8 +193,9 @@ FP8_CVT = True
 # GDN in_proj tile with x normed as loaded is 2.4 SASS instructions a code against 5.8 for the FP8_CVT tile
 # (Triton 3.6.0, sm_90, scripts/sass_gemv_multi.py --fp8-mma --norm --pdl). For the launches of at least
 # MMA_MIN_TILES tiles of 64 rows (GDN in_proj 192 + b/a, attention q+k+v 144; not out_proj / o_proj's 32: too few
-# programs to stream 8 MB), on sm_90+ and in Triton's interpreter. Off until its GPU A/B (profile_decode arm
-# "fp8mma"); y within ~1e-4 of the fp32 W x, not FP8_CVT's bytes.
+# programs to stream 8 MB), on Hopper (fp8_mma_capable) and in Triton's interpreter. Off until its GPU A/B
+# (profile_decode arm "fp8mma"); y within a few 2^-14 of sum |w x| of the fp32 W x (fp8_mma.py), not FP8_CVT's
+# bytes.
 FP8_MMA = False
 MMA_BLOCK_N = 64  # wgmma's M: one warpgroup of 4 warps
 # A K step (its wgmmas of K 32 added into fp32 after it) and the pipeline's depth: 256 x 4 keeps 3 steps of 16 KB
@@ -202,7 +203,7 @@ MMA_BLOCK_N = 64  # wgmma's M: one warpgroup of 4 warps
 # bandwidth-latency product), 80 KB of shared memory; profile_decode's "mmabk=N" / "mmastages=N" vary them.
 MMA_BLOCK_K = 256
 MMA_STAGES = 4
-MMA_MIN_TILES = 128
+MMA_MIN_TILES = 128  # profile_decode's "mmamin=32" takes out_proj / o_proj too (with deeper stages, "mmastages=8")
 REGS_PER_THREAD = 128  # what the configs' sm_90 code uses at most (scripts/sass_gemv_multi.py): 2 x 8 warps an SM
 # (Tried: the cap above as ptxas' register limit, maxnreg; removed, not run, docs/RESULTS.md session 18: its
 # premise was Triton 3.9's 182-register tiles, the H200's 3.6.0 makes them 80 and the cap 99.)
@@ -260,8 +261,10 @@ def persistent_config(cfg: GemvConfig, device: torch.device) -> GemvConfig:
 
 
 def fp8_mma_capable(device: torch.device) -> bool:
-    """FP8 wgmma: sm_90+ (Triton lowers an FP8 dot on older GPUs through fp16); Triton's interpreter (tests)."""
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
+    """FP8 wgmma: Hopper (sm_90; Triton lowers an FP8 dot on older GPUs through fp16, and Blackwell's tensor
+    cores, sm_100 / sm_120, are other instructions this tile was not compiled or measured for); Triton's
+    interpreter (tests)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] == 9
 
 
 def launch_config(fmt: str, n_total: int, k: int, elem_bytes: int, device: torch.device,

@@ -66,8 +66,8 @@ def _group_asm(gw, uw, xp, xsp, gs, us, tp0, tn0):
     # not pure: its loads must stay after the PDL wait (gdc_prologue), where the previous kernel's x is visible
     return tl.inline_asm_elementwise(
         GROUP_PTX, "=r,=r,=r,=r,=r,l,l,l,l,l,l,r,r",
-        [gw.to(b), uw.to(b), xp.to(b), xsp.to(b), gs.to(b), us.to(b), tp0, tn0], dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int32),
-        is_pure=False, pack=1)
+        [gw.to(b), uw.to(b), xp.to(b), xsp.to(b), gs.to(b), us.to(b), tp0, tn0],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
 
 
 @triton.jit
