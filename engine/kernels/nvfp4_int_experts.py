@@ -56,8 +56,8 @@ DOWN_PREFETCH = False
 # H200's Triton 3.6.0 (scripts/sass_nvfp4_int_dot.py, sm_90) the 1-row program is 488 SASS instructions instead
 # of 728 (3.8 a code instead of 5.7); routing itself, 952 instead of 1,200, of which a routed program of rank j
 # runs ~550 + 26 j instead of ~798 + 26 j (store_route's 376 run in program (0, 0) alone): ~28 % fewer
-# instructions a launch. Off until its GPU A/B (profile_decode arm "gugroups"); act is within an ulp of
-# rows_dot's (the fp32 sums in another order on a GPU), not its bytes.
+# instructions a launch. Off until its GPU A/B (profile_decode arm "gugroups"); act within an fp32 rounding of
+# rows_dot's (the same integers, the fp32 sums in another order on a GPU), not its bytes.
 GROUPS = False
 # The group path's register cap on a GPU: at 64 a one-warp program an SM takes 32 of them (the block limit), at its
 # uncapped 66 only 28 (registers go by 8 a thread); capped, the routing program compiles to the same 1,056
@@ -65,7 +65,7 @@ GROUPS = False
 GROUPS_MAXNREG = 64
 # Rows of gate and up a program on a GPU (block_n None): 1, at one warp, the fastest of five of the row path alone
 # on the H200 (docs/RESULTS.md session 19). The group path compiles to 848 instructions at 2 rows (3.3 a code, 64
-# registers, 2,304 programs: one H200 wave); profile_decode's "gubn=2" sets it.
+# registers; 70 routing itself, 28 programs an SM: 2,304 programs are one H200 wave); profile_decode's "gubn=2".
 BLOCK_N_GPU = 1
 
 
