@@ -19,6 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from bench_gemv_multi import GROUPS  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
 from sass_util import loop_instructions, sass_of  # noqa: E402
+from qwenlocal.engine.kernels import gemv_mixed  # noqa: E402
 from qwenlocal.engine.kernels import gemv_multi as gm  # noqa: E402
 
 WORD = {"dense": "*bf16", "fp8": "*i32", "nvfp4": "*i64"}
@@ -26,8 +27,32 @@ SCALE = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*u8"}
 GLOBAL = {"dense": "*bf16", "fp8": "*fp32", "nvfp4": "*fp32"}
 
 
+def compile_mixed_sm90(cfg_a: gm.GemvConfig, cfg_b: gm.GemvConfig, k: int = 2048, norm: bool = True,
+                       prefetch: bool = False):
+    """gemv_mixed_kernel as the GDN in_proj launches it (FP8 qkv + z, the codes as float8 elements; bf16 b + a;
+    PDL), with cfg_a's tile (the tensor cores' where cfg_a.mma) and, with prefetch, the rows asked of L2 first."""
+    fn = gemv_mixed.gemv_mixed_kernel
+    ptrs = {"x_ptr": "*bf16", "out_ptr": "*i16", "a0": "*fp8e4nv", "a1": "*fp8e4nv", "sa0": "*fp32", "sa1": "*fp32",
+            "ga0": "*fp32", "ga1": "*fp32", "b0": "*bf16", "b1": "*bf16", "sb0": "*bf16", "sb1": "*bf16",
+            "gb0": "*bf16", "gb1": "*bf16", "sums_ptr": "*fp32", "nw_ptr": "*bf16"}
+    ints = ("na0", "na1", "pa1", "nb0", "nb1", "pb1", "tiles_b", "rows_a", "sum_tiles")
+    sig = {n: ptrs.get(n, "i32" if n in ints else "fp32" if n == "eps" else "constexpr") for n in fn.arg_names}
+    consts = dict(K=k, OUT_BF16=True, FMT_A=1, PARTS_A=2, BLOCK_N_A=cfg_a.block_n, BLOCK_K_A=cfg_a.block_k,
+                  CHUNK_A=gm.chunk_words("fp8", cfg_a, 2, True), FP8_CVT_A=True, FMT_B=0, PARTS_B=2,
+                  BLOCK_N_B=cfg_b.block_n, BLOCK_K_B=cfg_b.block_k, CHUNK_B=gm.chunk_words("dense", cfg_b, 2),
+                  FP8_CVT_B=False, USE_GDC=True, NORM=norm, ROUND=1 if norm else 0, BLOCK_T=128 if norm else 1,
+                  MMA_A=cfg_a.mma, MMA_B=False, PREFETCH=prefetch)
+    if not norm:
+        for name in ("sums_ptr", "nw_ptr", "sum_tiles", "eps"):
+            sig[name] = "constexpr"
+            consts[name] = None if name.endswith("ptr") else 0
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=cfg_a.num_warps, num_stages=cfg_a.num_stages))
+
+
 def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: bool = False, pdl: bool = False,
-                 fp8_cvt: bool = False, norm: bool = False):
+                 fp8_cvt: bool = False, norm: bool = False, prefetch: bool = False):
     fn = gm.gemv_multi_kernel
     cvt = (fp8_cvt or cfg.mma) and fmt == "fp8"
     sig = {}
@@ -40,7 +65,7 @@ def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: b
     consts = dict(K=k, FMT=gm._FMT_ID[fmt], PARTS=parts, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   CHUNK=gm.chunk_words(fmt, cfg, fp8_cvt=cvt), OUT_BF16=True, USE_GDC=pdl, PERSISTENT=persistent,
                   L2_AHEAD=gm.L2_AHEAD if persistent else 0, FP8_CVT=cvt, NORM=norm, ROUND=1 if norm else 0,
-                  BLOCK_T=128 if norm else 1, MMA=cfg.mma)
+                  BLOCK_T=128 if norm else 1, MMA=cfg.mma, PREFETCH=prefetch)
     if not norm:
         for name in ("sums_ptr", "nw_ptr", "sum_tiles", "eps"):
             sig[name] = "constexpr"

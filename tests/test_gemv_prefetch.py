@@ -1,8 +1,10 @@
 """gemv_multi asks L2 for its weight rows before the programmatic-launch wait: the line offsets cover every byte
 of the program's rows (Triton's interpreter), and in the sm_90 code compiled here (Triton's bundled ptxas, no
-GPU) the L2 prefetches come before the wait (ACQBULK) while every load stays after it."""
+GPU) the L2 prefetches come before the wait (ACQBULK) while every load stays after it; the same for the
+tensor-core tiles (gemv_multi.FP8_MMA) in gemv_multi and gemv_mixed."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -91,3 +93,44 @@ def test_sm90_code_prefetches_before_the_wait_and_loads_after(fmt, k, n_total):
     loads = [i for i, t in enumerate(ins) if "LDG" in t]
     assert len(wait) == 1 and prefetch and loads
     assert max(prefetch) < wait[0] < min(loads)
+
+
+_COMPILE_MMA = r"""
+import json, os, re, sys
+import sass_gemv_multi as s
+from sass_util import sass_of
+from qwenlocal.engine.kernels import gemv_multi as gm
+qkv = s.compile_sm90("fp8", 3, 2048, gm.choose_config("fp8", 9216, 2048, fp8_mma=True), pdl=True, fp8_cvt=True,
+                     prefetch=True)
+in_proj = s.compile_mixed_sm90(gm.choose_config("fp8", 12288, 2048, fp8_mma=True),
+                               gm.choose_config("dense", 64, 2048), prefetch=True)
+print(json.dumps({name: sass_of(k, os.path.join(sys.argv[1], name), False)[0]
+                  for name, k in (("qkv", qkv), ("in_proj", in_proj))}))
+"""
+
+
+def test_sm90_tensor_core_tiles_prefetch_before_the_wait_and_load_after():
+    """gemv_multi.FP8_MMA's tiles with the weight prefetch (q+k+v in gemv_multi, the GDN in_proj in gemv_mixed,
+    x normed as loaded): in each program's path, the L2 prefetches come before the wait (ACQBULK) and every load,
+    cp.async (LDGSTS) included, after it: nothing the previous kernel writes is read early."""
+    import tempfile
+
+    from sass_support import sm90_json
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = sm90_json(_COMPILE_MMA, tmp)
+    for name, ins in out.items():
+        exits = [i for i, t in enumerate(ins) if re.search(r"\bEXIT\b", t)]
+        paths = 0
+        for start, end in zip([0] + [e + 1 for e in exits], exits):  # each path up to its EXIT
+            span = range(start, end)
+            wait = [i for i in span if "ACQBULK" in ins[i]]
+            if not wait:
+                continue
+            paths += 1
+            prefetch = [i for i in span if "CCTL.E.PF2" in ins[i]]
+            loads = [i for i in span if re.search(r"\bLDG", ins[i])]
+            assert len(wait) == 1 and prefetch and loads, name
+            assert max(prefetch) < wait[0] < min(loads), name
+        assert paths == (2 if name == "in_proj" else 1), name
+        assert any("GMMA" in t for t in ins), name  # on the tensor cores

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from . import gemv_multi as gm
 from .fp8_scaled_mm import fp8_tensor_cores
-from .gemv_codes import tiles_rstd
+from .gemv_codes import prefetch_rows, tiles_rstd
 from .launch import gdc_prologue, pdl_launch
 from .nvfp4_triton import exact_out
 
@@ -43,15 +43,17 @@ def gemv_mixed_kernel(x_ptr, out_ptr, a0, a1, sa0, sa1, ga0, ga1, na0, na1, pa1,
                       CHUNK_B: tl.constexpr, FP8_CVT_B: tl.constexpr, USE_GDC: tl.constexpr = False,
                       sums_ptr=None, nw_ptr=None, sum_tiles=0, eps=0.0, NORM: tl.constexpr = False,
                       ROUND: tl.constexpr = 0, BLOCK_T: tl.constexpr = 1, MMA_A: tl.constexpr = False,
-                      MMA_B: tl.constexpr = False):
+                      MMA_B: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     """Programs 0 .. tiles_b - 1: the second format's tiles (outputs from row rows_a on); the rest the first's.
-    NORM: x RMS-normed as it is loaded, as gemv_multi_kernel's."""
+    NORM: x RMS-normed as it is loaded, as gemv_multi_kernel's. PREFETCH (with PDL): the tile's weight rows
+    asked of L2 before the wait, as gemv_multi_kernel's (gemv_multi.WEIGHT_PREFETCH)."""
     pid = tl.program_id(0)
     if pid < tiles_b:
         # (names of their own: Triton wants a variable's type alike in both branches, and the tiles differ)
         wb, sb, gb, rows_b, mask_b, out_b = gm._tile_rows(pid, b0, b1, b0, b0, sb0, sb1, sb0, sb0, gb0, gb1, gb0,
                                                           gb0, nb0, nb1, 0, 0, pb1, tiles_b, tiles_b, PARTS_B,
                                                           BLOCK_N_B)
+        prefetch_rows(wb, sb, rows_b, mask_b, K, FMT_B, USE_GDC and PREFETCH)  # weights: no kernel writes them
         gdc_prologue(USE_GDC)  # PDL: x (the previous kernel's output) is read only after this
         rstd_b = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
         gm._tile_product(x_ptr, out_ptr + rows_a, wb, sb, gb, rows_b, mask_b, out_b, K, FMT_B, BLOCK_N_B,
@@ -60,6 +62,7 @@ def gemv_mixed_kernel(x_ptr, out_ptr, a0, a1, sa0, sa1, ga0, ga1, na0, na1, pa1,
         t = pid - tiles_b
         w, s, g, rows64, mask_n, out_rows = gm._tile_rows(t, a0, a1, a0, a0, sa0, sa1, sa0, sa0, ga0, ga1, ga0,
                                                           ga0, na0, na1, 0, 0, pa1, pa1, pa1, PARTS_A, BLOCK_N_A)
+        prefetch_rows(w, s, rows64, mask_n, K, FMT_A, USE_GDC and PREFETCH)
         gdc_prologue(USE_GDC)
         rstd = tiles_rstd(sums_ptr, sum_tiles, K, eps, BLOCK_T) if NORM else 0.0
         gm._tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K, FMT_A, BLOCK_N_A, BLOCK_K_A,
@@ -121,7 +124,7 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
         CHUNK_A=gm.chunk_words(fmt_a, cfg_a, elem_a, cvt_a), FP8_CVT_A=cvt_a and fmt_a == gm.FP8,
         FMT_B=gm._FMT_ID[fmt_b], PARTS_B=len(ns_b), BLOCK_N_B=cfg_b.block_n, BLOCK_K_B=cfg_b.block_k,
         CHUNK_B=gm.chunk_words(fmt_b, cfg_b, elem_b, cvt_b), FP8_CVT_B=cvt_b and fmt_b == gm.FP8,
-        MMA_A=cfg_a.mma, MMA_B=cfg_b.mma,
+        MMA_A=cfg_a.mma, MMA_B=cfg_b.mma, PREFETCH=gm.WEIGHT_PREFETCH,
         num_warps=cfg_a.num_warps, num_stages=cfg_a.num_stages, **gm.norm_launch(norm, x, k),
         **pdl_launch(x.device))
     return out

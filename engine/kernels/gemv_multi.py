@@ -175,7 +175,8 @@ class GemvConfig:
 
 # The L2 prefetch of the weights ahead of the programmatic-launch wait (PDL only): off; in its A/B on the H200
 # (profile_decode arm "fused-pdl/prefetch", session 9) the step was no faster (median round ratio 1.008). Not an
-# engine option: no byte moves.
+# engine option: no byte moves. gemv_mixed (the GDN in_proj) takes it too since session 23, for the tensor-core
+# tile, whose scale pass comes before its first weight load (docs/RESULTS.md session 23).
 WEIGHT_PREFETCH = False
 # (Tried: the first K block's weights loaded into registers before the wait, gemv_mixed too; removed after its
 # A/B, docs/RESULTS.md session 19: 1.016x the step, slower in 7 of 7 rounds, in_proj 11.2 -> 12.6 us; e0f55d5.)
