@@ -15,9 +15,9 @@ from qwenlocal.engine.quant.nvfp4_rows import padded_rows  # noqa: E402
 from sass_support import sm90_json  # noqa: E402
 from test_kernels_nvfp4_experts_decode import _dev, _problem  # noqa: E402
 
-# (H, I, E, ids, block_n): 96 -> 6 groups (2 masked of 8), 160 -> 10 (6 of 16); I 48 at 32 rows a program: the
-# second tile half masked
-SIZES = [(96, 48, 7, [2, 5, 2], 32), (160, 80, 6, [5, 0, 3, 3, 1], 16)]
+# (H, I, E, ids, block_n): 96 -> 6 groups (2 masked of 8), 160 -> 10 (6 of 16); I 48 at 32 rows a program and
+# 80 at 64: the second tile partly masked
+SIZES = [(96, 48, 7, [2, 5, 2], 32), (160, 80, 6, [5, 0, 3, 3, 1], 64)]
 
 
 @pytest.mark.parametrize("hidden,inter,experts,ids,block_n", SIZES)
