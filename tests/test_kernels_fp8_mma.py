@@ -145,6 +145,8 @@ def test_sm90_code_runs_the_codes_through_fp8_wgmma(tmp_path):
     assert mma["per_code"] < 0.5 * cores["per_code"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU tier's: Triton's interpreter runs the CPU engine's "
+                    "fused kernels (the GPU tier's model gate is test_gpu_decode_fused's [fp8mma])")
 def test_the_fused_step_takes_the_tensor_cores_for_its_fp8_projections(quantized_ckpt, monkeypatch):  # noqa: F811
     """gemv_multi.FP8_MMA in the fused decode step (the tiny checkpoint's FP8 projections, the tile threshold
     lowered to its sizes): the GDN in_proj (gemv_mixed, x normed as loaded) and attention q+k+v launches run on
