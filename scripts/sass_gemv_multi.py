@@ -42,13 +42,7 @@ def compile_mixed_sm90(cfg_a: gm.GemvConfig, cfg_b: gm.GemvConfig, k: int = 2048
                   BLOCK_N_B=cfg_b.block_n, BLOCK_K_B=cfg_b.block_k, CHUNK_B=gm.chunk_words("dense", cfg_b, 2),
                   FP8_CVT_B=False, USE_GDC=True, NORM=norm, ROUND=1 if norm else 0, BLOCK_T=128 if norm else 1,
                   MMA_A=cfg_a.mma, MMA_B=False, PREFETCH=prefetch)
-    if not norm:
-        for name in ("sums_ptr", "nw_ptr", "sum_tiles", "eps"):
-            sig[name] = "constexpr"
-            consts[name] = None if name.endswith("ptr") else 0
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
-    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=cfg_a.num_warps, num_stages=cfg_a.num_stages))
+    return _compile(fn, sig, consts, norm, cfg_a)
 
 
 def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: bool = False, pdl: bool = False,
@@ -66,6 +60,12 @@ def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: b
                   CHUNK=gm.chunk_words(fmt, cfg, fp8_cvt=cvt), OUT_BF16=True, USE_GDC=pdl, PERSISTENT=persistent,
                   L2_AHEAD=gm.L2_AHEAD if persistent else 0, FP8_CVT=cvt, NORM=norm, ROUND=1 if norm else 0,
                   BLOCK_T=128 if norm else 1, MMA=cfg.mma, PREFETCH=prefetch)
+    return _compile(fn, sig, consts, norm, cfg)
+
+
+def _compile(fn, sig: dict, consts: dict, norm: bool, cfg: gm.GemvConfig):
+    """fn for sm_90 with its pointers 16-byte aligned, cfg's warps and stages; without norm its norm arguments
+    are constexpr Nones (the launch passes none)."""
     if not norm:
         for name in ("sums_ptr", "nw_ptr", "sum_tiles", "eps"):
             sig[name] = "constexpr"
