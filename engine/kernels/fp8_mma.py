@@ -31,7 +31,7 @@ import triton.language as tl
 
 from .gemv_codes import x_values
 
-MMA_COLUMNS = 16  # the MMA's N: x's three terms in columns 0..2
+COLUMNS = tl.constexpr(16)  # the MMA's N (Triton's least): x's three terms in columns 0..2, zeros after
 # Codes the tensor cores add at their own precision before fp32 takes the sum over (max_num_imprecise_acc): 128,
 # the interval DeepSeek-V3 found enough for Hopper's ~14-bit FP8 accumulation (4 wgmma of K 32).
 PROMOTE = tl.constexpr(128)
@@ -81,8 +81,8 @@ def fp8_mma_rows(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.constexp
     for k0 in tl.static_range(0, K, BLOCK_K):
         amax = tl.maximum(amax, tl.abs(x_values(x_ptr, k0 + kk, k0 + kk < K, nw_ptr, rstd, NORM, ROUND)))
     s, inv = pow2_scale(tl.max(amax, axis=0))
-    col = tl.arange(0, 16)[:, None]
-    acc = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    col = tl.arange(0, COLUMNS)[:, None]
+    acc = tl.zeros([BLOCK_N, COLUMNS], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + kk
         ptrs = w + rows64[:, None] * K + ks[None, :]
@@ -91,11 +91,11 @@ def fp8_mma_rows(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.constexp
         else:
             wt = tl.load(ptrs, mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
         hi, mid, lo = split_e4m3(x_values(x_ptr, ks, ks < K, nw_ptr, rstd, NORM, ROUND) * inv)
-        zero = tl.zeros([16, BLOCK_K], dtype=tl.float8e4nv)
+        zero = tl.zeros([COLUMNS, BLOCK_K], dtype=tl.float8e4nv)
         xt = tl.where(col == 0, hi[None, :], tl.where(col == 1, mid[None, :], tl.where(col == 2, lo[None, :], zero)))
         acc = tl.dot(wt, tl.trans(xt), acc, max_num_imprecise_acc=min(PROMOTE, BLOCK_K))
     weight = tl.where(col == 0, 1.0, tl.where(col == 1, 0.0625, tl.where(col == 2, 0.00390625, 0.0)))
-    return tl.sum(acc * tl.reshape(weight, [1, 16]), axis=1) * s
+    return tl.sum(acc * tl.reshape(weight, [1, COLUMNS]), axis=1) * s
 
 
 def split_reference(x: torch.Tensor) -> tuple[float, torch.Tensor]:

@@ -69,16 +69,18 @@ def gemv_mixed_kernel(x_ptr, out_ptr, a0, a1, sa0, sa1, ga0, ga1, na0, na1, pa1,
                          CHUNK_A, OUT_BF16, FP8_CVT_A, nw_ptr, rstd, NORM, ROUND, MMA_A)
 
 
-def _side(x: torch.Tensor, parts, fp8_cvt: bool):
-    """(format, K, kernel args per part (two slots), rows per part, element bytes) of one format's parts."""
+def _side(x: torch.Tensor, parts):
+    """(format, K, tensors, rows per part, element bytes) of one format's parts."""
     if not 1 <= len(parts) <= MAX_PARTS:
         raise ValueError(f"gemv_two_formats takes 1 to {MAX_PARTS} weights a format, got {len(parts)}")
     fmt, tensors, k = gm._check(x, parts)
+    return fmt, k, tensors, [gm.part_shape(fmt, t)[0] for t in tensors], gm.part_shape(fmt, tensors[0])[1]
+
+
+def _side_args(fmt: str, tensors: list, fp8_cvt: bool) -> list:
+    """The kernel args per part, two slots (the first part's standing in for a missing second)."""
     args = [gm._kernel_args(fmt, t, fp8_cvt) for t in tensors]
-    ns = [a[0].shape[0] for a in args]
-    elem = args[0][0].element_size() if fmt == gm.DENSE else 2
-    args = args + [args[0]] * (MAX_PARTS - len(args))
-    return fmt, k, args, ns, elem
+    return args + [args[0]] * (MAX_PARTS - len(args))
 
 
 def fewest_tiles_rows(fmt: str, ns: list[int], block_k: int, elem_bytes: int) -> int:
@@ -97,17 +99,14 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
     gemv_multi(x, parts_b) side by side, in one launch (the module docstring says which bytes are equal).
     norm: as gemv_multi's (x a residual, normed as it is loaded)."""
     fp8_cvt = gm.FP8_CVT and fp8_tensor_cores(x.device)
-    fmt_a, k, args_a, ns_a, elem_a = _side(x, parts_a, fp8_cvt)
-    fmt_b, _, args_b, ns_b, elem_b = _side(x, parts_b, fp8_cvt)
+    fmt_a, k, tensors_a, ns_a, elem_a = _side(x, parts_a)
+    fmt_b, _, tensors_b, ns_b, elem_b = _side(x, parts_b)
     if fmt_a == fmt_b:
         raise ValueError(f"both sides are {fmt_a}: one format a call is gemv_multi's")
     cfg_a = gm.launch_config(fmt_a, sum(ns_a), k, elem_a, x.device)
     cfg_b = dataclasses.replace(gm.launch_config(fmt_b, sum(ns_b), k, elem_b, x.device), num_warps=cfg_a.num_warps)
     cvt_a, cvt_b = fp8_cvt or cfg_a.mma, fp8_cvt or cfg_b.mma  # the tensor cores take the codes as elements
-    if cvt_a != fp8_cvt:
-        args_a = _side(x, parts_a, True)[2]
-    if cvt_b != fp8_cvt:
-        args_b = _side(x, parts_b, True)[2]
+    args_a, args_b = _side_args(fmt_a, tensors_a, cvt_a), _side_args(fmt_b, tensors_b, cvt_b)
     if FEWEST_B_TILES:
         cfg_b = dataclasses.replace(cfg_b, block_n=fewest_tiles_rows(fmt_b, ns_b, cfg_b.block_k, elem_b))
     out_dtype = out_dtype or x.dtype

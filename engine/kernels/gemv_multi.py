@@ -297,6 +297,14 @@ def _part(p) -> tuple[str, object, int]:
     return FP8, t, w.shape[1]
 
 
+def part_shape(fmt: str, t) -> tuple[int, int]:
+    """(rows, element bytes for choose_config) of a part's tensors (a plain weight or a tensors dict); the
+    quantized formats count 2, as their configs are tabled."""
+    if fmt == DENSE:
+        return t.shape[0], t.element_size()
+    return t["weight"].shape[0], 2
+
+
 def _kernel_args(fmt: str, t, fp8_cvt: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weight words, scale, global scale) as the kernel reads them; views, no copies for contiguous tensors.
     FP8: int32 words of 4 codes, or (fp8_cvt) the codes as float8_e4m3fn elements."""
@@ -348,17 +356,16 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
     squares of x's tiles, parts_norm.py's TILE_SUMS) in this launch's fixed order."""
     fmt, tensors, k = _check(x, parts)
     norm_args = norm_launch(norm, x, k)
-    fp8_cvt = (fp8_cvt if fp8_cvt is not None else FP8_CVT) and fp8_tensor_cores(x.device)  # sm_89+; else the bit path
-    args = [_kernel_args(fmt, t, fp8_cvt) for t in tensors]
-    ns = [a[0].shape[0] for a in args]
+    ns = [part_shape(fmt, t)[0] for t in tensors]
     n_total = sum(ns)
-    elem = args[0][0].element_size() if fmt == DENSE else 2
+    elem = part_shape(fmt, tensors[0])[1]
     overrides = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, warps_k=warps_k, num_stages=num_stages,
                      programs=programs, l2_ahead=l2_ahead)
     cfg = dataclasses.replace(launch_config(fmt, n_total, k, elem, x.device, PERSISTENT),
                               **{name: v for name, v in overrides.items() if v is not None})
-    if cfg.mma and not fp8_cvt:  # the tensor cores take the codes as float8e4nv elements
-        args = [_kernel_args(fmt, t, True) for t in tensors]
+    # sm_89+ (else the bit path); the tensor cores take the codes as float8e4nv elements too
+    fp8_cvt = ((fp8_cvt if fp8_cvt is not None else FP8_CVT) and fp8_tensor_cores(x.device)) or cfg.mma
+    args = [_kernel_args(fmt, t, fp8_cvt) for t in tensors]
     if cfg.l2_ahead and x.device.type != "cuda":
         raise ValueError("the L2 prefetch (l2_ahead) needs a CUDA device (Triton's interpreter has no PTX)")
     if any(v < 1 or v & (v - 1) for v in (cfg.block_n, cfg.block_k, cfg.warps_k)) or cfg.block_k < 16:

@@ -58,9 +58,7 @@ def gemv_add_rms_norm(a: torch.Tensor, weight, x: torch.Tensor, norm_w: torch.Te
     if a.dtype != x.dtype or x.dim() != 2 or x.shape[0] != 1 or not x.is_contiguous():
         raise ValueError(f"x must be a contiguous [1, N] residual in a's dtype {a.dtype}, got {x.dtype} "
                          f"{tuple(x.shape)}")
-    fp8_cvt = (fp8_cvt if fp8_cvt is not None else gm.FP8_CVT) and fp8_tensor_cores(a.device)
-    w, s, g = gm._kernel_args(fmt, tensors[0], fp8_cvt)
-    n = w.shape[0]
+    n, elem = gm.part_shape(fmt, tensors[0])
     if x.shape[1] != n or norm_w.shape != (n,):
         raise ValueError(f"the projection gives {n} features: x must be [1, {n}] and norm_w [{n}], got "
                          f"{tuple(x.shape)} and {tuple(norm_w.shape)}")
@@ -68,11 +66,10 @@ def gemv_add_rms_norm(a: torch.Tensor, weight, x: torch.Tensor, norm_w: torch.Te
         raise ValueError(f"the norm keeps a row in registers: N {n} > 8192")
     if counter.dtype != torch.int32 or counter.numel() != 1 or counter.device != a.device:
         raise ValueError("counter must be launch.new_counter(a.device): one int32 on a's device")
-    elem = w.element_size() if fmt == gm.DENSE else 2
     cfg = gm.launch_config(fmt, n, k, elem, a.device)
-    if cfg.mma and not fp8_cvt:  # the tensor cores take the codes as float8e4nv elements
-        fp8_cvt = True
-        w, s, g = gm._kernel_args(fmt, tensors[0], True)
+    # sm_89+ (else the bit path); the tensor cores take the codes as float8e4nv elements too
+    fp8_cvt = ((fp8_cvt if fp8_cvt is not None else gm.FP8_CVT) and fp8_tensor_cores(a.device)) or cfg.mma
+    w, s, g = gm._kernel_args(fmt, tensors[0], fp8_cvt)
     proj = torch.empty(1, n, device=a.device, dtype=x.dtype)
     new_x, normed = torch.empty_like(x), torch.empty_like(x)
     tiles = triton.cdiv(n, cfg.block_n)
