@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .nvfp4_expert_rows import down_matrix
+from .nvfp4_expert_rows import down_matrix, e2m1_pair
 
 
 def _pair_ptx(word: str, c: int) -> str:
@@ -59,25 +59,13 @@ def _group_asm(cw, ap, sp):
 
 
 @triton.jit
-def _pair(word, C: tl.constexpr):
-    """e2m1_pair's bit placement for codes C and C + 4 as two fp32 values (E2M1 * 2^-14)."""
-    if C < 3:
-        h2 = ((word << (12 - 4 * C)) & -2147450880) | ((word << (9 - 4 * C)) & 0x0E000E00)
-    else:
-        h2 = (word & -2147450880) | ((word >> 3) & 0x0E000E00)
-    lo = h2.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    hi = (h2 >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    return lo, hi
-
-
-@triton.jit
 def _group_plain(cw, ap, sp):
     """_group_asm's values through tl.load, the same bit placement and FMAs in the same order."""
     acc = tl.zeros(cw.shape, dtype=tl.float32)
     for half in tl.static_range(2):
         word = tl.load(cw + half)
         for c in tl.static_range(4):
-            lo, hi = _pair(word, c)
+            lo, hi = e2m1_pair(word, c, "fp16")  # the bit placement the PTX does, then fp16 -> fp32
             acc = tl.fma(lo, tl.load(ap + 8 * half + c), acc)
             acc = tl.fma(hi, tl.load(ap + 8 * half + c + 4), acc)
     return acc, tl.load(sp).to(tl.int32) & 0xFF

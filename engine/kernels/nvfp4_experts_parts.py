@@ -51,31 +51,28 @@ def _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I,
     """parts[j, m] for expert j (0..k-1 routed, k the shared one) and outputs m; GROUPS: the rows through
     nvfp4_down_groups (DECODE "asm" or "plain")."""
     mask_m = m < H
-    if GROUPS:
-        out = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if j < K_ROUTED:
+    if j < K_ROUTED:
+        if GROUPS:
             y, y_scale = routed_down_groups(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I,
                                             row_words, dn_at, dn_scale_at, glob_at, BLOCK_G, DECODE)
-            out = y * y_scale
         else:
-            if HAS_EXTRA:
-                y, y_scale = extra_down_groups(act_ptr, xd_w, xd_s, xd_g, extra_scale_ptr, m, mask_m, I, K_ROUTED,
-                                               HAS_EXTRA_SCALE, BLOCK_G, DECODE)
-                out = y * y_scale
-            if HAS_ADDEND:
-                out = tl.load(addend_ptr + m, mask=mask_m, other=0.0).to(tl.float32)
-    elif j < K_ROUTED:
-        y, y_scale = routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words, dn_at,
-                                  dn_scale_at, glob_at, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, xs, w,
-                                  mask_w, ONE_STEP)
-        out = tl.sum(y, axis=1) * y_scale
+            part, y_scale = routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words,
+                                        dn_at, dn_scale_at, glob_at, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES,
+                                        xs, w, mask_w, ONE_STEP)
+            y = tl.sum(part, axis=1)
+        out = y * y_scale
     else:
         out = tl.zeros([BLOCK_M], dtype=tl.float32)
         if HAS_EXTRA:
-            y, y_scale = extra_down(act_ptr, xd_w, xd_s, xd_g, extra_scale_ptr, m, mask_m, I, K_ROUTED,
-                                     HAS_EXTRA_SCALE, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, xs, w, mask_w,
-                                     ONE_STEP)
-            out = tl.sum(y, axis=1) * y_scale
+            if GROUPS:
+                y, y_scale = extra_down_groups(act_ptr, xd_w, xd_s, xd_g, extra_scale_ptr, m, mask_m, I, K_ROUTED,
+                                               HAS_EXTRA_SCALE, BLOCK_G, DECODE)
+            else:
+                part, y_scale = extra_down(act_ptr, xd_w, xd_s, xd_g, extra_scale_ptr, m, mask_m, I, K_ROUTED,
+                                           HAS_EXTRA_SCALE, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES, xs, w,
+                                           mask_w, ONE_STEP)
+                y = tl.sum(part, axis=1)
+            out = y * y_scale
         if HAS_ADDEND:
             out = tl.load(addend_ptr + m, mask=mask_m, other=0.0).to(tl.float32)
     tl.store(parts_ptr + j * H + m, out, mask=mask_m)
