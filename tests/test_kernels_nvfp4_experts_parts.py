@@ -180,19 +180,26 @@ def test_the_group_path_refuses_persistent_programs_and_unaligned_rows():
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the PTX path needs a CUDA GPU (the GPU tier)")
-def test_the_group_ptx_gives_the_plain_forms_bytes_at_the_real_geometry():
-    """nvfp4_down_groups' PTX block and its tl.load / tl.fma form: the same integers and FMA order, so the same
-    parts byte for byte on one GPU; within an fp32 rounding of the row path's."""
+@pytest.mark.parametrize("inter", [32, 512])
+def test_the_group_ptx_gives_the_plain_forms_chains_at_the_real_geometry(inter):
+    """nvfp4_down_groups' PTX block and its tl.load / tl.fma form: the same integers and FMA order a group. With
+    two groups a row (inter 32) the sum over them has one order, so the parts are the same bytes; with 32 groups
+    the sum follows the tile's layout, which the plain form's tl.loads choose (another order of the adds: within
+    an fp32 rounding, seen on the H100 in session 24). Both within an fp32 rounding of the row path's."""
     from qwenlocal.engine.quant.nvfp4_rows import padded_rows
 
-    hidden, inter = 2048, 512
+    hidden = 2048
     _, weights, ids_t, rows, shared, scale, _ = _problem(hidden, inter, 12, [3, 7, 1, 0, 11, 5, 2, 9], 6)
     act = torch.randn(9, inter, generator=torch.Generator().manual_seed(6))
     args = _dev(act, weights, ids_t, padded_rows(rows, hidden, inter))
     kw = dict(extra=_dev(shared[2])[0], extra_scale=_dev(scale)[0], groups=True)
     a = expert_down_parts(*args, hidden, inter, decode="asm", **kw)
     b = expert_down_parts(*args, hidden, inter, decode="fp16", **kw)  # "fp16": the group path's plain form
-    assert torch.isfinite(a).all() and torch.equal(a, b)
+    assert torch.isfinite(a).all()
+    if inter == 32:
+        assert torch.equal(a, b)
+    else:
+        assert ((a - b).abs().max() / b.abs().max()) < 1e-6
     rowwise = expert_down_parts(*args, hidden, inter, extra=kw["extra"], extra_scale=kw["extra_scale"])
     assert ((a - rowwise).abs().max() / rowwise.abs().max()) < 1e-5
 

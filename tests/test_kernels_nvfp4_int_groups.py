@@ -28,6 +28,7 @@ def test_groups_match_the_row_path_and_the_shared_expert_alone(hidden, inter, ex
     groups cases."""
     x, _, ids_t, rows, shared, _, _ = _dev(*_problem(hidden, inter, experts, ids, 7 * hidden + inter,
                                                      torch.bfloat16))
+    rows = padded_rows(rows, hidden, inter)  # the engine's containers: the PTX path (GPU) needs 16-byte rows
     extra = shared[0] + shared[1] if with_shared else None
     out = torch.full((len(ids) + with_shared, inter), float("nan"), device=rows.device)
     expert_gate_up_int(x, ids_t, rows, hidden, inter, extra, out=out, block_n=block_n, groups=True)
@@ -43,11 +44,13 @@ def test_groups_with_the_programs_routing_themselves_fill_route_topks_outputs():
     weights, ids and shared gate byte for byte, and the act of those ids."""
     hidden, inter, experts, k = 96, 32, 12, 4
     x, _, _, rows, shared, _, _ = _dev(*_problem(hidden, inter, experts, [0] * k, 41, torch.bfloat16))
+    rows = padded_rows(rows, hidden, inter)
     extra = shared[0] + shared[1]
     logits = torch.randn(experts + 1, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).to(x.device)
     want = route_topk(logits, experts, k, torch.bfloat16)
-    weights, ids = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(1, k, dtype=torch.int64)
-    scale = torch.empty(1, dtype=torch.float32)
+    weights = torch.empty(1, k, dtype=torch.bfloat16, device=x.device)
+    ids = torch.empty(1, k, dtype=torch.int64, device=x.device)
+    scale = torch.empty(1, dtype=torch.float32, device=x.device)
     got = expert_gate_up_int(x, None, rows, hidden, inter, extra, block_n=32, groups=True,
                              route=(logits, experts, weights, ids, scale))
     assert torch.equal(weights, want[0]) and torch.equal(ids, want[1]) and torch.equal(scale, want[2])
