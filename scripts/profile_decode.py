@@ -169,7 +169,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "routeint": (nvfp4_int_experts, "ROUTE"), "attnmerge": (attention_decode, "MERGE_APART"),
             "routeensure": (slot_ensure, "ROUTE"), "downpf": (nvfp4_int_experts, "DOWN_PREFETCH"),
             "gugroups": (nvfp4_int_experts, "GROUPS"), "fp8mma": (gemv_multi, "FP8_MMA"),
-            "dngroups": (nvfp4_experts_parts, "GROUPS")}
+            "dngroups": (nvfp4_experts_parts, "GROUPS"), "dnroute": (nvfp4_experts_parts, "ROUTE")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from qwenlocal.engine.kernels import nvfp4_int_experts, router_norm  # noqa: E402
+from qwenlocal.engine.kernels import nvfp4_experts_parts, nvfp4_int_experts, router_norm  # noqa: E402
 from test_decode_fused import _engine, quantized_ckpt  # noqa: E402,F401 (the fixture, by name)
 
 
@@ -46,12 +46,22 @@ def test_the_gate_up_launch_routing_itself_gives_the_default_bytes_without_route
     monkeypatch.setattr(nvfp4_int_experts, "ROUTE", False)  # route_topk's launch ("no-routeint")
     default = _engine(quantized_ckpt, True, dtype=torch.bfloat16, **opts).score(ids, prefill=24)
     monkeypatch.setattr(nvfp4_int_experts, "ROUTE", True)
+    # the down launch's programs route themselves too, before their PDL wait (nvfp4_experts_parts.ROUTE)
+    monkeypatch.setattr(nvfp4_experts_parts, "ROUTE", True)
+    down_launches, down_kernel = [], nvfp4_experts_parts.expert_down_parts_kernel
+
+    class DownSpy:  # the launch's EARLY_ROUTE, then the real launch
+        def __getitem__(self, grid):
+            return lambda *a, **k: down_launches.append(k.get("EARLY_ROUTE", 0)) or down_kernel[grid](*a, **k)
+
+    monkeypatch.setattr(nvfp4_experts_parts, "expert_down_parts_kernel", DownSpy())
     eng = _engine(quantized_ckpt, True, dtype=torch.bfloat16, **opts)
     assert moe_fused.routes_itself(eng.model.layers[0].moe, torch.empty(1, dtype=torch.bfloat16))
     routed, real = [], moe_fused.route_topk
     monkeypatch.setattr(moe_fused, "route_topk", lambda *a, **k: routed.append(1) or real(*a, **k))
     assert torch.equal(eng.score(ids, prefill=24), default)
     assert not routed
+    assert down_launches == [2 if opts else 1] * (2 * len(eng.model.layers))  # the trace's rows: 2
     if not opts:  # nvfp4_int_experts.GROUPS (a thread's 16-code groups its own): every launch of both steps takes
         # it, routing itself; the same integers and, in the interpreter, the same order of the fp32 sums, so the
         # default's bytes (on a GPU the tile's sums may go in another order: the GPU tier's bf16-level gate)
@@ -71,8 +81,9 @@ def test_the_gate_up_launch_routing_itself_gives_the_default_bytes_without_route
     if not opts:  # offloaded: the slots are ensured from route_topk's ids, the same bytes
         slotted = _engine(quantized_ckpt, True, dtype=torch.bfloat16, expert_slots=12)
         assert not moe_fused.routes_itself(slotted.model.layers[0].moe, torch.empty(1, dtype=torch.bfloat16))
+        down_launches.clear()
         assert torch.equal(slotted.score(ids, prefill=24), default)
-        assert routed
+        assert routed and down_launches and not any(down_launches)  # slots: the down launch reads the ids
 
 
 @pytest.mark.parametrize("split", ["off", "copy-side"])

@@ -60,12 +60,13 @@ def test_programmatic_launch_is_on_and_gives_the_plain_launch_bytes():
 
 @pytest.mark.parametrize("switches", [("gemv_multi", "PERSISTENT"), ("gemv_multi", "WEIGHT_PREFETCH"),
                                       ("nvfp4_int_experts", "ROUTE"), ("nvfp4_experts_decode", "PERSISTENT"),
-                                      ("router_gemv", "FUSED"), ("nvfp4_int_experts", "DOWN_PREFETCH")])
+                                      ("router_gemv", "FUSED"), ("nvfp4_int_experts", "DOWN_PREFETCH"),
+                                      ("nvfp4_experts_parts", "ROUTE")])
 def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monkeypatch):
     """The A/B switches that change only how the work is spread or prefetched (persistent GEMV programs with the
     rows asked of L2 turns ahead, the weight prefetch before the PDL wait, persistent expert programs, the
     router's top-k in its GEMV's last program, the integer gate/up routing itself, its programs asking L2 for the
-    experts' down rows) give the default step's
+    experts' down rows, the down launch routing itself before its PDL wait) give the default step's
     logits byte for byte, through the graph, 190 steps, with programmatic launch. Each switch is compared off
     against on, whichever is its default."""
     import importlib

@@ -94,10 +94,12 @@ def rows_groups(w_ptr, s_ptr, m, mask_m, act_ptr, I, BLOCK_G: tl.constexpr, DECO
 
 @triton.jit
 def routed_down_groups(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words, dn_at,
-                       dn_scale_at, glob_at, BLOCK_G: tl.constexpr, DECODE: tl.constexpr):
+                       dn_scale_at, glob_at, BLOCK_G: tl.constexpr, DECODE: tl.constexpr, e_routed=None,
+                       ROUTED: tl.constexpr = False):
     """nvfp4_expert_rows.routed_down through rows_groups: (routed expert j's rows m summed, their scale
-    weights[j] * global * 2^14)."""
-    down, scales, glob = down_matrix(ids_ptr, words_ptr, bytes_ptr, j, row_words, dn_at, dn_scale_at, glob_at)
+    weights[j] * global * 2^14); the expert e_routed where ROUTED, else ids[j]."""
+    down, scales, glob = down_matrix(ids_ptr, words_ptr, bytes_ptr, j, row_words, dn_at, dn_scale_at, glob_at,
+                                     e_routed, ROUTED)
     y = rows_groups(down, scales, m, mask_m, act_ptr + j * I, I, BLOCK_G, DECODE)
     g_down = tl.load(glob).to(tl.float32, bitcast=True) * 16384.0  # 2^14: the codes' scaling
     return y, tl.load(wts_ptr + j).to(tl.float32) * g_down

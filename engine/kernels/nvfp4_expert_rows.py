@@ -201,10 +201,13 @@ def rows_step(w_ptr, s_ptr, w2_ptr, s2_ptr, rows, mask_r, K, xs, w, mask_w, TWO:
 @triton.jit
 def routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words, dn_at, dn_scale_at,
                  glob_at, BLOCK_G: tl.constexpr, MASKED: tl.constexpr, DECODE: tl.constexpr, X_SPLIT: tl.constexpr,
-                 GROUP_SCALES: tl.constexpr, xs=None, w=None, mask_w=None, ONE_STEP: tl.constexpr = False):
+                 GROUP_SCALES: tl.constexpr, xs=None, w=None, mask_w=None, ONE_STEP: tl.constexpr = False,
+                 e_routed=None, ROUTED: tl.constexpr = False):
     """Routed expert j's down rows m against act[j]: (column partials, their scale weights[j] * global * 2^14).
-    ONE_STEP: act[j]'s activations xs (words w) given (rows_step)."""
-    down, scales, glob = down_matrix(ids_ptr, words_ptr, bytes_ptr, j, row_words, dn_at, dn_scale_at, glob_at)
+    ONE_STEP: act[j]'s activations xs (words w) given (rows_step). ROUTED: the expert is e_routed (the program
+    found it itself), not ids[j]."""
+    down, scales, glob = down_matrix(ids_ptr, words_ptr, bytes_ptr, j, row_words, dn_at, dn_scale_at, glob_at,
+                                     e_routed, ROUTED)
     if ONE_STEP:
         y, _ = rows_step(down, scales, down, scales, m, mask_m, I, xs, w, mask_w, False, BLOCK_G, MASKED, DECODE,
                           GROUP_SCALES)
@@ -216,9 +219,14 @@ def routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I
 
 
 @triton.jit
-def down_matrix(ids_ptr, words_ptr, bytes_ptr, j, row_words, dn_at, dn_scale_at, glob_at):
-    """Routed expert j's down matrix: (its int32 words, its scale bytes, the word of its fp32 global)."""
-    e = tl.load(ids_ptr + j).to(tl.int64)
+def down_matrix(ids_ptr, words_ptr, bytes_ptr, j, row_words, dn_at, dn_scale_at, glob_at, e_routed=None,
+                ROUTED: tl.constexpr = False):
+    """Routed expert j's down matrix: (its int32 words, its scale bytes, the word of its fp32 global); the expert
+    is ids[j], or e_routed where ROUTED."""
+    if ROUTED:
+        e = e_routed
+    else:
+        e = tl.load(ids_ptr + j).to(tl.int64)
     base = words_ptr + e * row_words
     return base + dn_at, bytes_ptr + e * row_words * 4 + dn_scale_at, base + glob_at + 2
 

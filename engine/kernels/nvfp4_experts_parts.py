@@ -28,6 +28,7 @@ from ..quant.nvfp4_rows import dequant_expert_rows
 from .nvfp4_down_groups import extra_down_groups, routed_down_groups
 from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
 from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs
+from .route_keys import MAX_EXPERTS, route_rank_key
 
 BLOCK_M = 16  # outputs a program (the H200 sweep's best, docs/RESULTS.md session 6)
 # Each thread owns whole 16-code groups of its rows, loaded, decoded and dotted in one PTX block a group
@@ -39,6 +40,15 @@ BLOCK_M = 16  # outputs a program (the H200 sweep's best, docs/RESULTS.md sessio
 # (profile_decode arm "dngroups"); the parts within an fp32 rounding of rows_part's (another order of the
 # sums), not their bytes. One program a tile only.
 GROUPS = False
+# Where the integer gate/up routes itself (moe_fused.routes_itself: resident experts), the down launch's routed
+# programs find their own expert too (route_keys.route_rank_key, the same key as gate/up's), before the PDL wait:
+# then the rows' loads follow the wait at once instead of after a read of gate/up's ids (one L2 round trip off
+# each program's chain). The logits are router_norm's, the launch before gate/up: gate/up's programs signal
+# launch_dependents only after their own griddepcontrol.wait (gdc_prologue), which returns when router_norm has
+# completed and its writes are performed, so they are in L2 before this launch starts; they are read from L2
+# (ld.global.cg), past an L1 that may hold an earlier step's line. The same ids, so the same bytes. Off until its
+# GPU A/B (profile_decode arm "dnroute").
+ROUTE = False
 
 
 @triton.jit
@@ -47,18 +57,19 @@ def _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I,
                K_ROUTED: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
                HAS_ADDEND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, MASKED: tl.constexpr,
                DECODE: tl.constexpr, X_SPLIT: tl.constexpr, GROUP_SCALES: tl.constexpr, ONE_STEP: tl.constexpr,
-               GROUPS: tl.constexpr = False):
+               GROUPS: tl.constexpr = False, e_routed=None, ROUTED: tl.constexpr = False):
     """parts[j, m] for expert j (0..k-1 routed, k the shared one) and outputs m; GROUPS: the rows through
-    nvfp4_down_groups (DECODE "asm" or "plain")."""
+    nvfp4_down_groups (DECODE "asm" or "plain"); ROUTED: routed expert j is e_routed, not ids[j]."""
     mask_m = m < H
     if j < K_ROUTED:
         if GROUPS:
             y, y_scale = routed_down_groups(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I,
-                                            row_words, dn_at, dn_scale_at, glob_at, BLOCK_G, DECODE)
+                                            row_words, dn_at, dn_scale_at, glob_at, BLOCK_G, DECODE, e_routed,
+                                            ROUTED)
         else:
             part, y_scale = routed_down(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, j, m, mask_m, I, row_words,
                                         dn_at, dn_scale_at, glob_at, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES,
-                                        xs, w, mask_w, ONE_STEP)
+                                        xs, w, mask_w, ONE_STEP, e_routed, ROUTED)
             y = tl.sum(part, axis=1)
         out = y * y_scale
     else:
@@ -88,14 +99,25 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                              GROUP_SCALES: tl.constexpr, USE_GDC: tl.constexpr = False,
                              PERSISTENT: tl.constexpr = False, NORM_TAIL: tl.constexpr = False,
                              ROUND: tl.constexpr = 0, BLOCK_H: tl.constexpr = 16, FENCE: tl.constexpr = False,
-                             TILE_SUMS: tl.constexpr = False, GROUPS: tl.constexpr = False):
+                             TILE_SUMS: tl.constexpr = False, GROUPS: tl.constexpr = False, logits_ptr=None, E=0,
+                             EARLY_ROUTE: tl.constexpr = 0, BLOCK_E: tl.constexpr = 32):
     """Grid (output tiles, k + 1 experts). PERSISTENT (the whole row in one K step): grid (programs an expert,
     k + 1); program (q, j) takes the output tiles q, q + grid, ... of expert j with act[j]'s activations
     loaded once: the same bytes as one program a tile. NORM_TAIL (one program a tile, every part written): the
     next residual add + RMSNorm in the launch's last programs (parts_norm.parts_norm_tail); with TILE_SUMS the
-    new residual and its tiles' sums of squares only (then the shared part may come from a launch before)."""
-    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
+    new residual and its tiles' sums of squares only (then the shared part may come from a launch before).
+    EARLY_ROUTE (one program a tile): routed program j finds its expert, rank j of the router's logits, before
+    the PDL wait (see ROUTE); 2 (a benchmark's routing trace): the rank is still found, the row is ids[j]."""
     j = tl.program_id(1)  # 0..k-1 routed experts, k the shared one
+    e_routed = tl.zeros([], dtype=tl.int64)
+    if EARLY_ROUTE > 0:
+        if j < K_ROUTED:
+            key = route_rank_key(logits_ptr, E, j, BLOCK_E, True)  # from L2: read before the wait (see ROUTE)
+            e_routed = (0xFFFF - (key & 0xFFFF)).to(tl.int64)
+            if EARLY_ROUTE == 2:  # the trace's row, written before the step's first kernel; the rank stays live
+                e_routed = tl.where(key == -2147483647, e_routed,
+                                    tl.load(ids_ptr + j, cache_modifier=".cg").to(tl.int64))
+    gdc_prologue(USE_GDC)  # PDL: gate/up's act (and the routing weights) are read only after this
     if PERSISTENT:
         w = tl.arange(0, 2 * BLOCK_G)
         mask_w = w < I // 8
@@ -111,7 +133,7 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
         _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words, dn_at, dn_scale_at,
                    glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, None, None, None, K_ROUTED,
                    HAS_EXTRA, HAS_EXTRA_SCALE, HAS_ADDEND, BLOCK_M, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES,
-                   False, GROUPS)
+                   False, GROUPS, e_routed, EARLY_ROUTE > 0)
         if NORM_TAIL:
             parts_norm_tail(parts_ptr, x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm_ptr, counters_ptr, eps, H,
                             tl.program_id(0), tl.num_programs(0), K_ROUTED + 1, BLOCK_M, ROUND, BLOCK_H, FENCE,
@@ -124,7 +146,8 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
                       write_shared: bool = True, block_m: int | None = None,
                       block_g: int | None = None, num_warps: int = 2, decode: str | None = None,
                       x_split: bool = True, group_scales: bool = True, programs: int | None = None,
-                      norm: tuple | None = None, sums: tuple | None = None, groups: bool | None = None):
+                      norm: tuple | None = None, sums: tuple | None = None, groups: bool | None = None,
+                      route: tuple | None = None):
     """fp32 parts [k + 1, 1, H]: parts[j] = weights[0, j] * (down_j @ act[j]) for the row rows[ids[0, j]],
     parts[k] = extra_scale * (down_extra @ act[k]) with extra = (down_packed, down_scale, down_scale2), or
     addend [1, H] (any float dtype), or zeros. act fp32 [k (+1), I] (expert_gate_up's). One launch, grid
@@ -142,7 +165,10 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     the rows, the shared expert's words and act 16-byte aligned, as the engine holds them).
     sums = (x [1, H], counters: launch.new_counter(device, H / block_m)): returns (new_x, tile_sums fp32
     [H / block_m]) instead: new_x = add_rms_norm's, and each tile's sum of squares of it, for a GEMV's norm=
-    (parts_norm.py TILE_SUMS). One program a tile; write_shared=False too (row k written before)."""
+    (parts_norm.py TILE_SUMS). One program a tile; write_shared=False too (row k written before).
+    route = (logits [E + 1] bf16/fp16, E, traced): with the switch ROUTE, the routed programs find their experts
+    from the router's logits before the PDL wait instead of reading ids (which must then be route_topk's ids of
+    those logits, or with traced a benchmark trace's ids, the rows taken); one program a tile."""
     if norm is not None and sums is not None:
         raise ValueError("give norm= or sums=, not both")
     block_m = BLOCK_M if block_m is None else block_m  # read at the call: profile_decode's arm value downbm
@@ -170,6 +196,7 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
         programs = requested_programs(programs, act.device, num_warps, bg * 16 >= inter)
     per_expert = max(1, (programs or 0) // max(1, experts))
     persistent = programs is not None and per_expert < tiles
+    early = _early_route(route if ROUTE else None, k, persistent)
     tail = (_sums_tail(sums, act.device, hidden, tiles, not persistent) if sums is not None
             else _norm_tail(norm, act.device, hidden, tiles, write_shared and not persistent))
     expert_down_parts_kernel[(per_expert if persistent else tiles, experts)](
@@ -180,8 +207,25 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
         HAS_ADDEND=addend is not None, BLOCK_M=block_m, BLOCK_G=bg,
         MASKED=hidden % block_m != 0 or (inter // 16) % bg != 0, DECODE=decode, X_SPLIT=x_split,
         GROUP_SCALES=group_scales, PERSISTENT=persistent, num_warps=num_warps, GROUPS=groups, **tail["consts"],
-        **pdl_launch(act.device))
+        **early, **pdl_launch(act.device))
     return tail["result"] if norm is not None or sums is not None else out
+
+
+def _early_route(route: tuple | None, k: int, persistent: bool) -> dict:
+    """The kernel's EARLY_ROUTE arguments for route = (logits, E, traced), after checking them; {} for none."""
+    if route is None or k == 0:
+        return {}
+    logits, experts, traced = route
+    flat = logits.reshape(-1)
+    if flat.dtype not in (torch.bfloat16, torch.float16) or flat.numel() != experts + 1 or not flat.is_contiguous():
+        raise ValueError(f"route's logits must be {experts} + 1 contiguous bf16/fp16 entries, got "
+                         f"{tuple(logits.shape)} {flat.dtype}")
+    if not 1 <= k <= experts or experts > MAX_EXPERTS:
+        raise ValueError(f"route needs 1 <= top_k {k} <= experts {experts} <= {MAX_EXPERTS}")
+    if persistent:
+        raise ValueError("route= runs one program a tile: give no programs= (nor the switch PERSISTENT)")
+    return dict(logits_ptr=flat, E=experts, EARLY_ROUTE=2 if traced else 1,
+                BLOCK_E=triton.next_power_of_2(experts))
 
 
 def _check_group_launch(rows: torch.Tensor, act: torch.Tensor, shared_words: torch.Tensor | None,

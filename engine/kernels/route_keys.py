@@ -27,11 +27,17 @@ MAX_EXPERTS = 0xFFFF
 
 
 @triton.jit
-def _keys(logits_ptr, E, BLOCK_E: tl.constexpr):
-    """[BLOCK_E] int32 keys: monotone(logit) * 2^16 + (0xFFFF - id); NONE past E. -0.0 and +0.0 are one value."""
+def _keys(logits_ptr, E, BLOCK_E: tl.constexpr, L2_ONLY: tl.constexpr = False):
+    """[BLOCK_E] int32 keys: monotone(logit) * 2^16 + (0xFFFF - id); NONE past E. -0.0 and +0.0 are one value.
+    L2_ONLY: the logits read from L2 (ld.global.cg), past any SM's L1: for a reader that runs before its PDL
+    wait (nvfp4_experts_parts' EARLY_ROUTE)."""
     ids = tl.arange(0, BLOCK_E)
     valid = ids < E
-    bits = tl.load(logits_ptr + ids, mask=valid, other=0.0).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    if L2_ONLY:
+        raw = tl.load(logits_ptr + ids, mask=valid, other=0.0, cache_modifier=".cg")
+    else:
+        raw = tl.load(logits_ptr + ids, mask=valid, other=0.0)
+    bits = raw.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     mono = tl.where(bits >= 0x8000, 0x8000 - bits, bits)  # negative values: the larger the bits, the smaller
     return tl.where(valid, mono * 65536 + (0xFFFF - ids), NONE)
 
@@ -52,10 +58,10 @@ def _id(key):
 
 
 @triton.jit
-def route_rank_key(logits_ptr, E, j, BLOCK_E: tl.constexpr):
+def route_rank_key(logits_ptr, E, j, BLOCK_E: tl.constexpr, L2_ONLY: tl.constexpr = False):
     """The key of rank j (0-based, a runtime index) of logits[0..E-1]: j rounds of removing the max, then the
-    max; _id(key) is the expert, route_weights' ids[j] (the same keys and integer maxima)."""
-    keys = _keys(logits_ptr, E, BLOCK_E)
+    max; _id(key) is the expert, route_weights' ids[j] (the same keys and integer maxima). L2_ONLY: see _keys."""
+    keys = _keys(logits_ptr, E, BLOCK_E, L2_ONLY)
     for _ in range(j):
         keys = tl.where(keys == tl.max(keys, axis=0), NONE, keys)
     return tl.max(keys, axis=0)

@@ -196,11 +196,14 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
         if moe.overlap.split == "off":
             copy()
             act = _gate_up(moe, h, slots, rows, gate_up_extra, xq, route=route, trace_ids=trace_ids)
+            # where gate/up routed itself, the down launch may too (nvfp4_experts_parts.ROUTE)
+            down_route = None if route is None else (route[0], route[1], trace_ids is not None)
             if sums is not None:  # the next norm left to the next layer's first GEMV
                 return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
-                                                   extra_scale=shared_scale, sums=sums), next_norm)
+                                                   extra_scale=shared_scale, sums=sums, route=down_route), next_norm)
             return expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
-                                     extra_scale=shared_scale, norm=_norm_tail(moe, next_norm, cfg_h))
+                                     extra_scale=shared_scale, norm=_norm_tail(moe, next_norm, cfg_h),
+                                     route=down_route)
         # The shared expert apart (on its stream beside the miss copy): the same two kernels' programs with no
         # routed experts, writing the last part, so the bytes are those of the serial launch.
         k = slots.shape[-1]
