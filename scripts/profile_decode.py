@@ -113,13 +113,21 @@ def profile_steps(runner, state, token, steps: int):
 
 
 def arm(model: str, context: int, decode_kernels: str, budget: str | None, routing: str | None, top: int,
-        profile: bool = True) -> dict:
-    """One arm's figures; profile False: its graph timings only (no eager profile, no graph trace)."""
+        profile: bool = True, engine=None) -> dict:
+    """One arm's figures; profile False: its graph timings only (no eager profile, no graph trace). engine: an
+    earlier arm's engine whose model (weights, expert banks) this arm's own runner, state and graph share
+    (--share-model); None: an engine of its own."""
     opts = {"max_context": context + 1536, "decode_kernels": decode_kernels}
     if routing:
         opts["routing"] = routing
-    eng = Engine.from_pretrained(model, device="cuda", dtype=torch.bfloat16, vram_budget=budget, options=opts)
-    runner = eng.runner
+    if engine is None:
+        eng = Engine.from_pretrained(model, device="cuda", dtype=torch.bfloat16, vram_budget=budget, options=opts)
+        runner = eng.runner
+    else:  # a runner of its own: its graph is captured with this arm's switches, over the shared weights
+        from qwenlocal.engine.runtime.runner import Runner
+
+        eng = engine
+        runner = Runner(eng.model, eng.engine_config)
     token = torch.tensor([5], device="cuda")
     out = {"decode_kernels": decode_kernels, "context": context, "graph": runner.use_graph}
     state = runner.new_state()
@@ -150,7 +158,7 @@ def arm(model: str, context: int, decode_kernels: str, budget: str | None, routi
             out["graph_timeline_error"] = str(e)
     out["step_bytes"] = model_step_bytes(eng.model, context)
     out["plan"] = {k: v["value"] for k, v in eng.plan.items()}
-    _KEEP.append(eng)  # the next arm shares this synthetic model's weights instead of making them again
+    _KEEP.append((eng, runner))  # the next arm shares this synthetic model's weights instead of making them again
     if runner.use_graph:  # the captured step, for the interleaved rounds (its switches are baked in)
         _STEPS.append(lambda: runner.decode(state, token))
     return out
@@ -179,6 +187,21 @@ VALUES = {"gdnbv": (gdn_decode, "BLOCK_V"), "attnsplits": (attention_decode, "SP
           "gubn": (nvfp4_int_experts, "BLOCK_N_GPU"), "mmabk": (gemv_multi, "MMA_BLOCK_K"),
           "mmastages": (gemv_multi, "MMA_STAGES"), "mmamin": (gemv_multi, "MMA_MIN_TILES")}
 VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES.items()}
+# Switches and values read only when a step's kernels are launched (in the kernels' wrappers), never while the
+# model is built or loaded: arms that differ only in these can share one model (--share-model).
+AT_LAUNCH = {"gugroups", "dngroups", "dnroute", "fp8mma", "downpf", "prefetch", "gubn", "downbm", "mmabk",
+             "mmastages", "mmamin"}
+
+
+def shares_model(arm_name: str, first: str) -> bool:
+    """Whether arm_name can run over the model built for the arm `first`: the same decode_kernels value, and
+    every switch or value either names is read at launch only (AT_LAUNCH)."""
+    def parts(name):
+        base, _, extra = name.partition("/")
+        return base, {n.removeprefix("no-").split("=", 1)[0] for n in extra.split("+") if n}
+
+    (base, names), (first_base, first_names) = parts(arm_name), parts(first)
+    return base == first_base and names | first_names <= AT_LAUNCH
 
 
 def set_switches(arm_name: str) -> str:
@@ -240,6 +263,9 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=0, help="interleaved rounds of graph timings across the arms")
     p.add_argument("--profile-first-only", action="store_true",
                    help="profile the first arm only; the others give their timings (~20 s an arm less)")
+    p.add_argument("--share-model", action="store_true",
+                   help="arms that differ from the first only in switches read at launch (AT_LAUNCH) run over "
+                        "the first arm's model (each its own runner, state and graph): more arms fit the GPU")
     p.add_argument("--build-deadline", type=float, default=0,
                    help="seconds after which no further arm is built: the rounds run with the arms built so far "
                         "(0: every arm), so that a run inside a device call's timeout still pairs")
@@ -258,14 +284,17 @@ def main() -> None:
             print(f"\n== build deadline ({a.build_deadline:.0f} s) passed: arms left out: {', '.join(arms[n:])} ==")
             break
         t_arm = time.monotonic()
+        shared = (_KEEP[0][0] if a.share_model and _KEEP and results and shares_model(dk, results[0]["decode_kernels"])
+                  else None)
         try:
             r = arm(a.model, a.context, set_switches(dk), a.vram_budget, a.routing, a.top,
-                    profile=not (a.profile_first_only and results))
+                    profile=not (a.profile_first_only and results), engine=shared)
         except Exception as e:  # an arm whose kernels fail to build or launch: the other arms still report
             print(f"\n== {dk}: FAILED ({type(e).__name__}: {str(e)[:300]}) ==")
             failed.append(dk)
             continue
         r["decode_kernels"] = dk
+        r["shares_first_arms_model"] = shared is not None
         r["device_bandwidth_gbps"] = bw / 1e9
         roof_ms = 1e3 * r["step_bytes"]["total"] / bw
         r["hbm_roofline_ms"] = roof_ms
@@ -273,7 +302,7 @@ def main() -> None:
             r["hbm_fraction"] = roof_ms / r["graph_ms_per_step"]
         results.append(r)
         print(f"\n== {a.model} · {dk} · context {a.context:,} · budget {a.vram_budget or 'all'} · built and "
-              f"timed in {time.monotonic() - t_arm:.0f} s ==")
+              f"timed in {time.monotonic() - t_arm:.0f} s{' · the first arm’s model' if shared is not None else ''} ==")
         if "top" in r:  # a profiled arm
             print(f"eager: {r['eager_kernels_per_step']:,} kernels/step, {r['eager_kernel_us_per_step'] / 1e3:.2f} ms "
                   f"kernel time/step")
