@@ -37,7 +37,8 @@ def compile_down_sm90(groups: bool):
     sig = {name: TYPES.get(name, "constexpr") for name in fn.arg_names}
     consts = dict(K_ROUTED=8, HAS_EXTRA=True, HAS_EXTRA_SCALE=True, HAS_ADDEND=False, BLOCK_M=BLOCK_M,
                   BLOCK_G=I // 16, MASKED=False, DECODE="asm", X_SPLIT=True, GROUP_SCALES=True, USE_GDC=True,
-                  PERSISTENT=False, NORM_TAIL=True, ROUND=1, BLOCK_H=16, FENCE=True, TILE_SUMS=True, GROUPS=groups)
+                  PERSISTENT=False, NORM_TAIL=True, ROUND=1, BLOCK_H=16, FENCE=True, TILE_SUMS=True, GROUPS=groups,
+                  EARLY_ROUTE=0, BLOCK_E=32, E=0)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n].startswith("*") or n in ("H", "I", "dn_at", "dn_scale_at")}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
