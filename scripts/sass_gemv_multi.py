@@ -4,7 +4,7 @@ choose_config's config: registers, spill stack, shared memory, SASS instructions
 A check that the kernel compiles for the H200 and how much work a thread does, not a timing.
 
     PYTHONPATH=/tmp/tri36 python scripts/sass_gemv_multi.py [--dump DIR] [--persistent] [--pdl] [--fp8-cvt]
-        [--norm] [--fp8-mma]  # --fp8-mma: FP8 on the tensor cores where choose_config takes it (gemv_multi.FP8_MMA)   # DIR: ttgir / ptx / sass per shape; /tmp/tri36: the H200's Triton (sass_util.py)
+        [--norm] [--fp8-mma [--mma-step]]  # --fp8-mma: FP8 on the tensor cores where choose_config takes it (gemv_multi.FP8_MMA)   # DIR: ttgir / ptx / sass per shape; /tmp/tri36: the H200's Triton (sass_util.py)
 """
 from __future__ import annotations
 
@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--fp8-cvt", action="store_true", help="FP8 through the hardware conversion (gemv_multi.FP8_CVT)")
     ap.add_argument("--norm", action="store_true", help="x RMS-normed as it is loaded (norm=, TILE_SUMS' GEMVs)")
     ap.add_argument("--fp8-mma", action="store_true", help="FP8 tiles on the tensor cores (gemv_multi.FP8_MMA)")
+    ap.add_argument("--mma-step", action="store_true",
+                    help="with --fp8-mma: x's split scaled a K step (gemv_multi.MMA_STEP_SCALE)")
     args = ap.parse_args()
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
@@ -90,7 +92,7 @@ def main() -> None:
           f"{'cvt':>3} {'instr/code':>10}")
     for name, fmt, shapes, _ in GROUPS:
         k, n_total = shapes[0][1], sum(n for n, _ in shapes)
-        cfg = gm.choose_config(fmt, n_total, k, fp8_mma=args.fp8_mma)
+        cfg = gm.choose_config(fmt, n_total, k, fp8_mma=args.fp8_mma, step_scale=args.mma_step)
         kernel = compile_sm90(fmt, len(shapes), k, cfg, args.persistent, args.pdl, args.fp8_cvt, args.norm)
         stem = re.sub(r"\W+", "_", name)
         path = os.path.join(args.dump or "/tmp", f"gemv_multi_{stem}")

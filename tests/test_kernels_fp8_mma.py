@@ -76,6 +76,47 @@ def test_the_tensor_core_tiles_match_the_references(ns, k, x_dtype, monkeypatch,
     assert ((got.cpu() - cores.cpu()).abs().reshape(-1).double() <= (tol + 1e-4) * bound + 1e-6).all()
 
 
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_the_split_scaled_a_k_step_matches_its_reference(x_dtype, monkeypatch, nan_empty):
+    """gemv_multi.MMA_STEP_SCALE (fp8_mma_rows' STEP_SCALE): each K step's x split with its own scale, here K 160
+    in steps of 64 (the last one masked), x's magnitude different in each step: the tile against
+    fp8_mma_reference(block_k=64) and the dequantized fp32 GEMV, norm= included."""
+    monkeypatch.setattr(gm, "FP8_MMA", True)
+    monkeypatch.setattr(gm, "MMA_MIN_TILES", 1)
+    monkeypatch.setattr(gm, "MMA_BLOCK_K", 64)
+    monkeypatch.setattr(gm, "MMA_STEP_SCALE", True)
+    k = 160
+    gen = torch.Generator().manual_seed(7)
+    parts = [make_part("fp8", n, k, gen) for n in (37, 5, 70)]
+    parts[0]["weight"].view(torch.uint8)[:, 64:] = 0  # its rows see the first step only: x's smallest values
+    x = torch.randn(1, k, generator=gen) * torch.tensor([1e-5] * 64 + [3.0] * 64 + [2000.0] * 32)
+    x = x.to(x_dtype).to(DEVICE)
+    assert gm.launch_config("fp8", 112, k, 2, x.device).mma == 2
+    got = gm.gemv_multi(x, parts, out_dtype=torch.float32)
+    assert torch.isfinite(got).all()
+    want = torch.cat([fp8_mma.fp8_mma_reference(p["weight"].cpu().view(torch.uint8), x.cpu(), block_k=64)
+                      * p["weight_scale"].double().cpu() for p in parts])
+    bound = abs_bound(x, parts).double().reshape(-1)
+    tol = 2e-5 if DEVICE == "cpu" else 4 * 2.0 ** -14
+    assert ((got.cpu().double().reshape(-1) - want).abs() <= tol * bound + 1e-7).all()
+    ref = gm.gemv_multi_reference(x, parts, out_dtype=torch.float32)
+    assert ((got.cpu() - ref.cpu()).abs().reshape(-1).double() <= (tol + 1e-4) * bound + 1e-6).all()
+    # one scale for all of x (2^4 here) would put the first step's values under E4M3's least term: part 0's rows
+    # would be lost; its own step's scale keeps them (the negative control: the one-scale reference is far off)
+    whole = torch.cat([fp8_mma.fp8_mma_reference(p["weight"].cpu().view(torch.uint8), x.cpu())
+                       * p["weight_scale"].double().cpu() for p in parts])
+    first = slice(0, 37)
+    assert ((got.cpu().double().reshape(-1) - whole).abs()[first] > 0.5 * bound[first]).any()
+    norm_w = (0.3 * torch.randn(k, generator=gen)).to(x_dtype).to(DEVICE)
+    sums = x.float().reshape(-1, 16).pow(2).sum(1)
+    from qwenlocal.engine.kernels.decode_norm import add_rms_norm
+    _, normed = add_rms_norm(x, None, norm_w, 1e-6)
+    normed_in = gm.gemv_multi(x, parts, out_dtype=torch.float32, norm=(sums, norm_w, 1e-6))
+    plain = gm.gemv_multi(normed, parts, out_dtype=torch.float32)
+    nbound = abs_bound(normed, parts).reshape(-1)
+    assert ((normed_in.cpu() - plain.cpu()).abs().reshape(-1) <= 2.0 ** -7 * nbound + 1e-6).all()
+
+
 def test_normed_input_and_the_two_format_launch(monkeypatch, nan_empty):
     """x a residual normed as it is loaded (norm=): the tile of the normed input; gemv_mixed's FP8 side on the
     tensor cores is gemv_multi's byte for byte, its dense side unchanged."""
@@ -114,6 +155,8 @@ def test_choose_config_takes_the_tensor_cores_only_where_there_are_tiles_enough(
     assert not gm.choose_config("nvfp4", 248320, 2048, fp8_mma=True).mma
     assert gm.choose_config("fp8", 12288, 2048) == gm.choose_config("fp8", 12288, 2048, fp8_mma=False)
     assert gm.choose_config("fp8", 12288, 16, fp8_mma=True).block_k == 32  # the FP8 MMA's K
+    assert gm.choose_config("fp8", 12288, 2048, fp8_mma=True, step_scale=True).mma == 2  # x's split a K step
+    assert not gm.choose_config("fp8", 2048, 4096, fp8_mma=True, step_scale=True).mma
 
 
 _COMPILE = r"""

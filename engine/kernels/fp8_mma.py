@@ -71,17 +71,34 @@ def pow2_scale(amax):
 
 @triton.jit
 def fp8_mma_rows(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0):
+                 nw_ptr=None, rstd=None, NORM: tl.constexpr = False, ROUND: tl.constexpr = 0,
+                 STEP_SCALE: tl.constexpr = False):
     """sum over K of e4m3(W[rows]) * x, fp32 [BLOCK_N] (the per-tensor weight scale not applied); w: the codes as
     float8e4nv elements, [N, K]. x (gemv_codes.x_values: NORM'd as loaded where asked) is read twice: once for
-    its largest |value| (the split's scale), once a K step for the MMA's operand."""
+    its largest |value| (the split's scale), once a K step for the MMA's operand. STEP_SCALE: x read once, each
+    K step split with its own scale s_k (its own largest |value|), its MMA into a fresh accumulator, times s_k
+    into the fp32 sum: no pass over x before the first weights' loads (fp8_mma_reference's block_k)."""
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     kk = tl.arange(0, BLOCK_K)
+    col = tl.arange(0, COLUMNS)[:, None]
+    if STEP_SCALE:
+        out = _rows_step_scaled(x_ptr, w, rows64, mask_n, K, BLOCK_N, BLOCK_K, EVEN_K, kk, col, nw_ptr, rstd, NORM,
+                                ROUND)
+    else:
+        out = _rows_one_scale(x_ptr, w, rows64, mask_n, K, BLOCK_N, BLOCK_K, EVEN_K, kk, col, nw_ptr, rstd, NORM,
+                              ROUND)
+    return out
+
+
+@triton.jit
+def _rows_one_scale(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, kk, col, nw_ptr, rstd, NORM: tl.constexpr, ROUND: tl.constexpr):
+    """fp8_mma_rows with one scale: a pass over x for its largest |value|, then the K steps into one MMA
+    accumulator."""
     amax = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):
         amax = tl.maximum(amax, tl.abs(x_values(x_ptr, k0 + kk, k0 + kk < K, nw_ptr, rstd, NORM, ROUND)))
     s, inv = pow2_scale(tl.max(amax, axis=0))
-    col = tl.arange(0, COLUMNS)[:, None]
     acc = tl.zeros([BLOCK_N, COLUMNS], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + kk
@@ -90,12 +107,43 @@ def fp8_mma_rows(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.constexp
             wt = tl.load(ptrs, mask=mask_n[:, None], other=0.0)
         else:
             wt = tl.load(ptrs, mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
-        hi, mid, lo = split_e4m3(x_values(x_ptr, ks, ks < K, nw_ptr, rstd, NORM, ROUND) * inv)
-        zero = tl.zeros([COLUMNS, BLOCK_K], dtype=tl.float8e4nv)
-        xt = tl.where(col == 0, hi[None, :], tl.where(col == 1, mid[None, :], tl.where(col == 2, lo[None, :], zero)))
+        xt = _terms(x_values(x_ptr, ks, ks < K, nw_ptr, rstd, NORM, ROUND) * inv, col, BLOCK_K)
         acc = tl.dot(wt, tl.trans(xt), acc, max_num_imprecise_acc=min(PROMOTE, BLOCK_K))
+    return _columns_sum(acc, col) * s
+
+
+@triton.jit
+def _terms(a, col, BLOCK_K: tl.constexpr):
+    """The MMA's x operand [COLUMNS, BLOCK_K]: a's three E4M3 terms in rows 0..2, zeros after."""
+    hi, mid, lo = split_e4m3(a)
+    zero = tl.zeros([COLUMNS, BLOCK_K], dtype=tl.float8e4nv)
+    return tl.where(col == 0, hi[None, :], tl.where(col == 1, mid[None, :], tl.where(col == 2, lo[None, :], zero)))
+
+
+@triton.jit
+def _columns_sum(acc, col):
+    """The terms' columns added with their weights 1, 1/16, 1/256: [BLOCK_N]."""
     weight = tl.where(col == 0, 1.0, tl.where(col == 1, 0.0625, tl.where(col == 2, 0.00390625, 0.0)))
-    return tl.sum(acc * tl.reshape(weight, [1, COLUMNS]), axis=1) * s
+    return tl.sum(acc * tl.reshape(weight, [1, COLUMNS]), axis=1)
+
+
+@triton.jit
+def _rows_step_scaled(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      EVEN_K: tl.constexpr, kk, col, nw_ptr, rstd, NORM: tl.constexpr, ROUND: tl.constexpr):
+    """fp8_mma_rows with STEP_SCALE: sum over the K steps of s_k * (the step's columns), in step order."""
+    acc = tl.zeros([BLOCK_N, COLUMNS], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + kk
+        ptrs = w + rows64[:, None] * K + ks[None, :]
+        if EVEN_K:
+            wt = tl.load(ptrs, mask=mask_n[:, None], other=0.0)
+        else:
+            wt = tl.load(ptrs, mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
+        xv = x_values(x_ptr, ks, ks < K, nw_ptr, rstd, NORM, ROUND)
+        s, inv = pow2_scale(tl.max(tl.abs(xv), axis=0))
+        step = tl.dot(wt, tl.trans(_terms(xv * inv, col, BLOCK_K)), max_num_imprecise_acc=min(PROMOTE, BLOCK_K))
+        acc += step * s  # s a power of 2: exact; the steps added in fp32, in order
+    return _columns_sum(acc, col)
 
 
 def split_reference(x: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -114,9 +162,14 @@ def split_reference(x: torch.Tensor) -> tuple[float, torch.Tensor]:
     return s, torch.stack(terms)
 
 
-def fp8_mma_reference(codes: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def fp8_mma_reference(codes: torch.Tensor, x: torch.Tensor, block_k: int | None = None) -> torch.Tensor:
     """sum_k e4m3(codes[n, k]) * x_split[k] in fp64: what fp8_mma_rows computes, up to the tensor cores' and
-    fp32's rounding of the sums (tests hold it to ~1e-5 relative)."""
-    s, t = split_reference(x)
-    xs = s * (t[0] + t[1] / 16 + t[2] / 256)
-    return codes.view(torch.float8_e4m3fn).double() @ xs
+    fp32's rounding of the sums (tests hold it to ~1e-5 relative). block_k: each block of block_k values of x
+    split with its own scale (STEP_SCALE's K steps)."""
+    flat = x.reshape(-1)
+    blocks = [flat] if block_k is None else list(flat.split(block_k))
+    xs = []
+    for part in blocks:
+        s, t = split_reference(part)
+        xs.append(s * (t[0] + t[1] / 16 + t[2] / 256))
+    return codes.view(torch.float8_e4m3fn).double() @ torch.cat(xs)

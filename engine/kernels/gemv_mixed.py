@@ -105,7 +105,7 @@ def gemv_two_formats(x: torch.Tensor, parts_a, parts_b, out_dtype: torch.dtype |
         raise ValueError(f"both sides are {fmt_a}: one format a call is gemv_multi's")
     cfg_a = gm.launch_config(fmt_a, sum(ns_a), k, elem_a, x.device)
     cfg_b = dataclasses.replace(gm.launch_config(fmt_b, sum(ns_b), k, elem_b, x.device), num_warps=cfg_a.num_warps)
-    cvt_a, cvt_b = fp8_cvt or cfg_a.mma, fp8_cvt or cfg_b.mma  # the tensor cores take the codes as elements
+    cvt_a, cvt_b = fp8_cvt or bool(cfg_a.mma), fp8_cvt or bool(cfg_b.mma)  # the tensor cores take the codes as elements
     args_a, args_b = _side_args(fmt_a, tensors_a, cvt_a), _side_args(fmt_b, tensors_b, cvt_b)
     if FEWEST_B_TILES:
         cfg_b = dataclasses.replace(cfg_b, block_n=fewest_tiles_rows(fmt_b, ns_b, cfg_b.block_k, elem_b))

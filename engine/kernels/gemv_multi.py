@@ -97,7 +97,7 @@ def _tile_product(x_ptr, out_ptr, w, s, g, rows64, mask_n, out_rows, K: tl.const
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if FMT == 1 and MMA:
-        acc = fp8_mma_rows(x_ptr, w, rows64, mask_n, K, BLOCK_N, BLOCK_K, nw_ptr, rstd, NORM, ROUND)
+        acc = fp8_mma_rows(x_ptr, w, rows64, mask_n, K, BLOCK_N, BLOCK_K, nw_ptr, rstd, NORM, ROUND, MMA == 2)
     else:
         for k0 in tl.static_range(0, K, BLOCK_K):  # one block where K <= BLOCK_K; unrolled otherwise (few blocks)
             if FMT == 0 or (FMT == 1 and FP8_CVT):
@@ -170,7 +170,8 @@ class GemvConfig:
     num_stages: int = 1  # the K blocks are unrolled (K is a compile-time constant): nothing to pipeline
     programs: int = 0  # 0: one program a tile; n: at most n persistent programs, each taking tiles in turn
     l2_ahead: int = 0  # persistent: ask L2 for the tile this many turns ahead (0: no prefetch; CUDA only)
-    mma: bool = False  # FP8 on the tensor cores (fp8_mma.py): 64 rows a program, a pipelined K loop
+    mma: int = 0  # FP8 on the tensor cores (fp8_mma.py): 64 rows a program, a pipelined K loop; 2: x's split
+    # scaled a K step (fp8_mma_rows' STEP_SCALE)
 
 
 # The L2 prefetch of the weights ahead of the programmatic-launch wait (PDL only): off; in its A/B on the H200
@@ -205,6 +206,10 @@ MMA_BLOCK_N = 64  # wgmma's M: one warpgroup of 4 warps
 MMA_BLOCK_K = 256
 MMA_STAGES = 4
 MMA_MIN_TILES = 128  # profile_decode's "mmamin=32" takes out_proj / o_proj too (with deeper stages, "mmastages=8")
+# x's split scaled a K step (fp8_mma_rows' STEP_SCALE) instead of once from a pass over all of x before the K loop:
+# in session 24's A/B (H100) fp8mma lost 2.8 % of the step, and that pass delays each program's first weight
+# loads by an L2 round trip and a block max (docs/RESULTS.md session 24). Off; profile_decode's arm "mmastep".
+MMA_STEP_SCALE = False
 REGS_PER_THREAD = 128  # what the configs' sm_90 code uses at most (scripts/sass_gemv_multi.py): 2 x 8 warps an SM
 # (Tried: the cap above as ptxas' register limit, maxnreg; removed, not run, docs/RESULTS.md session 18: its
 # premise was Triton 3.9's 182-register tiles, the H200's 3.6.0 makes them 80 and the cap 99.)
@@ -225,10 +230,11 @@ def row_bytes(fmt: str, k: int, elem_bytes: int = 2) -> int:
     return {DENSE: k * elem_bytes, FP8: k, NVFP4: k // 2 + k // 16}[fmt]
 
 
-def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2, fp8_mma: bool = False) -> GemvConfig:
+def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2, fp8_mma: bool = False,
+                  step_scale: bool = False) -> GemvConfig:
     """The launch config, a pure function of (format, total rows, K, FP8 on the tensor cores allowed): FP8 with
-    fp8_mma and >= MMA_MIN_TILES tiles of MMA_BLOCK_N rows: those tiles, 4 warps, an MMA_STAGES-deep K loop; else the
-    whole row per program up to K 4096;
+    fp8_mma and >= MMA_MIN_TILES tiles of MMA_BLOCK_N rows: those tiles, 4 warps, an MMA_STAGES-deep K loop (mma 2
+    with step_scale: x's split scaled a K step); else the whole row per program up to K 4096;
     the most rows per program that keeps >= TARGET_PROGRAMS programs (one row each where even that is too
     few: the small latency-bound linears) and a tile of <= MAX_TILE_BYTES; warps for ~BYTES_PER_THREAD each,
     and 2 warps across a row where one would hold more than X_PER_THREAD x values a thread (FP8: 32). A small
@@ -238,7 +244,7 @@ def choose_config(fmt: str, n_total: int, k: int, elem_bytes: int = 2, fp8_mma: 
         raise ValueError(f"no GEMV for format {fmt!r} (known: {', '.join(_FMT_ID)})")
     if fp8_mma and fmt == FP8 and triton.cdiv(n_total, MMA_BLOCK_N) >= MMA_MIN_TILES:
         return GemvConfig(MMA_BLOCK_N, min(MMA_BLOCK_K, max(32, triton.next_power_of_2(k))), 4,
-                          num_stages=MMA_STAGES, mma=True)
+                          num_stages=MMA_STAGES, mma=2 if step_scale else 1)
     block_k = min(max(16, triton.next_power_of_2(k)), MAX_BLOCK_K)
     tile_row = row_bytes(fmt, block_k, elem_bytes)
     block_n = 1
@@ -272,7 +278,7 @@ def launch_config(fmt: str, n_total: int, k: int, elem_bytes: int, device: torch
                   persistent: bool = False) -> GemvConfig:
     """choose_config on this device (FP8_MMA where the device has it): Triton's interpreter (its time goes by
     programs) takes wider tiles (tests; a row's sum is the same), and `persistent` makes it one wave of programs."""
-    cfg = choose_config(fmt, n_total, k, elem_bytes, FP8_MMA and fp8_mma_capable(device))
+    cfg = choose_config(fmt, n_total, k, elem_bytes, FP8_MMA and fp8_mma_capable(device), MMA_STEP_SCALE)
     if device.type != "cuda":
         cfg = dataclasses.replace(cfg, block_n=max(cfg.block_n, min(32, triton.next_power_of_2(n_total))))
     return persistent_config(cfg, device) if persistent else cfg
@@ -364,7 +370,7 @@ def gemv_multi(x: torch.Tensor, parts, out: torch.Tensor | None = None, out_dtyp
     cfg = dataclasses.replace(launch_config(fmt, n_total, k, elem, x.device, PERSISTENT),
                               **{name: v for name, v in overrides.items() if v is not None})
     # sm_89+ (else the bit path); the tensor cores take the codes as float8e4nv elements too
-    fp8_cvt = ((fp8_cvt if fp8_cvt is not None else FP8_CVT) and fp8_tensor_cores(x.device)) or cfg.mma
+    fp8_cvt = ((fp8_cvt if fp8_cvt is not None else FP8_CVT) and fp8_tensor_cores(x.device)) or bool(cfg.mma)
     args = [_kernel_args(fmt, t, fp8_cvt) for t in tensors]
     if cfg.l2_ahead and x.device.type != "cuda":
         raise ValueError("the L2 prefetch (l2_ahead) needs a CUDA device (Triton's interpreter has no PTX)")

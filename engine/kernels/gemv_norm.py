@@ -68,7 +68,7 @@ def gemv_add_rms_norm(a: torch.Tensor, weight, x: torch.Tensor, norm_w: torch.Te
         raise ValueError("counter must be launch.new_counter(a.device): one int32 on a's device")
     cfg = gm.launch_config(fmt, n, k, elem, a.device)
     # sm_89+ (else the bit path); the tensor cores take the codes as float8e4nv elements too
-    fp8_cvt = ((fp8_cvt if fp8_cvt is not None else gm.FP8_CVT) and fp8_tensor_cores(a.device)) or cfg.mma
+    fp8_cvt = ((fp8_cvt if fp8_cvt is not None else gm.FP8_CVT) and fp8_tensor_cores(a.device)) or bool(cfg.mma)
     w, s, g = gm._kernel_args(fmt, tensors[0], fp8_cvt)
     proj = torch.empty(1, n, device=a.device, dtype=x.dtype)
     new_x, normed = torch.empty_like(x), torch.empty_like(x)
