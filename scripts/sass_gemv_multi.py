@@ -48,7 +48,7 @@ def compile_mixed_sm90(cfg_a: gm.GemvConfig, cfg_b: gm.GemvConfig, k: int = 2048
 def compile_sm90(fmt: str, parts: int, k: int, cfg: gm.GemvConfig, persistent: bool = False, pdl: bool = False,
                  fp8_cvt: bool = False, norm: bool = False, prefetch: bool = False):
     fn = gm.gemv_multi_kernel
-    cvt = (fp8_cvt or cfg.mma) and fmt == "fp8"
+    cvt = (fp8_cvt or bool(cfg.mma)) and fmt == "fp8"
     sig = {}
     for name in fn.arg_names:
         kind = name.rstrip("0123456789")
@@ -106,7 +106,7 @@ def main() -> None:
 
 def config_dict(cfg) -> dict:
     return dict(block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps, warps_k=cfg.warps_k,
-                **({"mma": True, "num_stages": cfg.num_stages} if cfg.mma else {}))
+                **({"mma": cfg.mma, "num_stages": cfg.num_stages} if cfg.mma else {}))
 
 
 if __name__ == "__main__":

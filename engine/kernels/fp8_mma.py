@@ -102,14 +102,21 @@ def _rows_one_scale(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.const
     acc = tl.zeros([BLOCK_N, COLUMNS], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + kk
-        ptrs = w + rows64[:, None] * K + ks[None, :]
-        if EVEN_K:
-            wt = tl.load(ptrs, mask=mask_n[:, None], other=0.0)
-        else:
-            wt = tl.load(ptrs, mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
+        wt = _codes(w, rows64, mask_n, ks, K, EVEN_K)
         xt = _terms(x_values(x_ptr, ks, ks < K, nw_ptr, rstd, NORM, ROUND) * inv, col, BLOCK_K)
         acc = tl.dot(wt, tl.trans(xt), acc, max_num_imprecise_acc=min(PROMOTE, BLOCK_K))
     return _columns_sum(acc, col) * s
+
+
+@triton.jit
+def _codes(w, rows64, mask_n, ks, K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The K step's codes of the tile's rows [BLOCK_N, BLOCK_K] (masked rows, and columns past K, read as 0)."""
+    ptrs = w + rows64[:, None] * K + ks[None, :]
+    if EVEN_K:
+        wt = tl.load(ptrs, mask=mask_n[:, None], other=0.0)
+    else:
+        wt = tl.load(ptrs, mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
+    return wt
 
 
 @triton.jit
@@ -134,11 +141,7 @@ def _rows_step_scaled(x_ptr, w, rows64, mask_n, K: tl.constexpr, BLOCK_N: tl.con
     acc = tl.zeros([BLOCK_N, COLUMNS], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + kk
-        ptrs = w + rows64[:, None] * K + ks[None, :]
-        if EVEN_K:
-            wt = tl.load(ptrs, mask=mask_n[:, None], other=0.0)
-        else:
-            wt = tl.load(ptrs, mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
+        wt = _codes(w, rows64, mask_n, ks, K, EVEN_K)
         xv = x_values(x_ptr, ks, ks < K, nw_ptr, rstd, NORM, ROUND)
         s, inv = pow2_scale(tl.max(tl.abs(xv), axis=0))
         step = tl.dot(wt, tl.trans(_terms(xv * inv, col, BLOCK_K)), max_num_imprecise_acc=min(PROMOTE, BLOCK_K))
