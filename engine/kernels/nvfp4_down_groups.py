@@ -14,8 +14,9 @@ Arithmetic (both paths): partial(m, g) = the FMA chain over codes 16g + (0, 4, 1
 rows_part's products, in another order of the sums: an fp32 rounding's difference, not its bytes.
 DECODE "plain" (Triton's interpreter, or the GPU for the byte check) does the same with tl.load, the same bit
 placement and tl.fma in the same order: the same chains on one device; the sum over a row's groups follows the
-tile's layout, which the plain form's tl.loads choose (within an fp32 rounding of the PTX path's). The PTX path needs the code rows 8-byte
-aligned and the activations 16-byte aligned (the engine's row containers and act buffers are).
+tile's layout, which the plain form's tl.loads choose (within an fp32 rounding of the PTX path's). The PTX path
+needs the code rows 8-byte aligned and the activations 16-byte aligned (the engine's row containers and act
+buffers are).
 Reference: nvfp4_experts_parts.expert_down_parts_reference (dequantized, fp32 matmul).
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ from ..quant.nvfp4_rows import dequant_expert_rows
 from .nvfp4_down_groups import extra_down_groups, routed_down_groups
 from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
 from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs
-from .route_keys import MAX_EXPERTS, route_rank_key
+from .route_keys import check_route_logits, routed_expert
 
 BLOCK_M = 16  # outputs a program (the H200 sweep's best, docs/RESULTS.md session 6)
 # Each thread owns whole 16-code groups of its rows, loaded, decoded and dotted in one PTX block a group
@@ -111,12 +111,9 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
     j = tl.program_id(1)  # 0..k-1 routed experts, k the shared one
     e_routed = tl.zeros([], dtype=tl.int64)
     if EARLY_ROUTE > 0:
-        if j < K_ROUTED:
-            key = route_rank_key(logits_ptr, E, j, BLOCK_E, True)  # from L2: read before the wait (see ROUTE)
-            e_routed = (0xFFFF - (key & 0xFFFF)).to(tl.int64)
-            if EARLY_ROUTE == 2:  # the trace's row, written before the step's first kernel; the rank stays live
-                e_routed = tl.where(key == -2147483647, e_routed,
-                                    tl.load(ids_ptr + j, cache_modifier=".cg").to(tl.int64))
+        if j < K_ROUTED:  # from L2: read before the wait (see ROUTE); 2: the trace's row, written before the
+            # step's first kernel
+            e_routed = routed_expert(logits_ptr, E, j, BLOCK_E, ids_ptr, EARLY_ROUTE == 2, True)
     gdc_prologue(USE_GDC)  # PDL: gate/up's act (and the routing weights) are read only after this
     if PERSISTENT:
         w = tl.arange(0, 2 * BLOCK_G)
@@ -216,12 +213,7 @@ def _early_route(route: tuple | None, k: int, persistent: bool) -> dict:
     if route is None or k == 0:
         return {}
     logits, experts, traced = route
-    flat = logits.reshape(-1)
-    if flat.dtype not in (torch.bfloat16, torch.float16) or flat.numel() != experts + 1 or not flat.is_contiguous():
-        raise ValueError(f"route's logits must be {experts} + 1 contiguous bf16/fp16 entries, got "
-                         f"{tuple(logits.shape)} {flat.dtype}")
-    if not 1 <= k <= experts or experts > MAX_EXPERTS:
-        raise ValueError(f"route needs 1 <= top_k {k} <= experts {experts} <= {MAX_EXPERTS}")
+    flat = check_route_logits(logits, experts, k)
     if persistent:
         raise ValueError("route= runs one program a tile: give no programs= (nor the switch PERSISTENT)")
     return dict(logits_ptr=flat, E=experts, EARLY_ROUTE=2 if traced else 1,

@@ -26,7 +26,7 @@ from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
 from .nvfp4_int_dot import gemv_int_reference, quantize_x16, rows_dot, tables, x_pair_tiles
 from .nvfp4_int_groups import gate_up_groups
-from .route_keys import route_args, route_rank_key, store_route
+from .route_keys import route_args, routed_expert, store_route
 from ..quant.nvfp4_rows import unpack_nvfp4_expert
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_int, x quantized by the router's launch
@@ -94,10 +94,7 @@ def expert_gate_up_int_kernel(pairs_ptr, xs_ptr, tables_ptr, ids_ptr, words_ptr,
     e_routed = tl.zeros([], dtype=tl.int64)
     if ROUTE > 0:
         if j < K_ROUTED:
-            key = route_rank_key(logits_ptr, E, j, BLOCK_E)
-            e_routed = (0xFFFF - (key & 0xFFFF)).to(tl.int64)
-            if ROUTE == 2:  # the trace's row; the rank stays live (a key is never -2^31 + 1)
-                e_routed = tl.where(key == -2147483647, e_routed, tl.load(ids_ptr + j).to(tl.int64))
+            e_routed = routed_expert(logits_ptr, E, j, BLOCK_E, ids_ptr, ROUTE == 2)  # 2: the trace's row
         if j + tl.program_id(1) == 0:
             store_route(logits_ptr, wts_out_ptr, ids_out_ptr, shared_out_ptr, E, K_ROUTED, KP, BLOCK_E, F16, W_BF16)
     gate_w, up_w, gate_s, up_s, g_gate, g_up = gate_up_pointers(

@@ -68,6 +68,35 @@ def route_rank_key(logits_ptr, E, j, BLOCK_E: tl.constexpr, L2_ONLY: tl.constexp
 
 
 @triton.jit
+def routed_expert(logits_ptr, E, j, BLOCK_E: tl.constexpr, ids_ptr, TRACE: tl.constexpr,
+                  L2_ONLY: tl.constexpr = False):
+    """The expert a program of rank j finds itself (int64): route_rank_key's; with TRACE (a benchmark's routing
+    trace) ids[j], the trace's row, with the rank still found (a key is never -2^31 + 1: it stays live).
+    L2_ONLY: the logits and the trace's id read from L2 (see _keys)."""
+    key = route_rank_key(logits_ptr, E, j, BLOCK_E, L2_ONLY)
+    e = _id(key).to(tl.int64)
+    if TRACE:
+        if L2_ONLY:
+            traced = tl.load(ids_ptr + j, cache_modifier=".cg")
+        else:
+            traced = tl.load(ids_ptr + j)
+        e = tl.where(key == -2147483647, e, traced.to(tl.int64))
+    return e
+
+
+def check_route_logits(logits: torch.Tensor, experts: int, k: int) -> torch.Tensor:
+    """The router's logits as a launch that routes itself reads them (flat, contiguous, 16-bit; E + 1 entries with
+    the shared gate's last), after checking them and the top-k against the experts."""
+    flat = logits.reshape(-1)
+    if flat.dtype not in (torch.bfloat16, torch.float16) or flat.numel() != experts + 1 or not flat.is_contiguous():
+        raise ValueError(f"route's logits must be {experts} + 1 contiguous bf16/fp16 entries, got "
+                         f"{tuple(logits.shape)} {flat.dtype}")
+    if not 1 <= k <= experts or experts > MAX_EXPERTS:
+        raise ValueError(f"route needs 1 <= top_k {k} <= experts {experts} <= {MAX_EXPERTS}")
+    return flat
+
+
+@triton.jit
 def route_weights(logits_ptr, E, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
                   F16: tl.constexpr):
     """(ids [KP] int32, weights [KP] fp32) of ranks 0..TOP_K-1 (entries past TOP_K: 0): the renormalised top-k."""
@@ -111,13 +140,8 @@ def route_args(route: tuple | None, trace_ids: torch.Tensor | None) -> dict:
     if route is None:
         return {}
     logits, experts, weights, ids, shared = route
-    flat = logits.reshape(-1)
     k = ids.shape[-1]
-    if flat.dtype not in (torch.bfloat16, torch.float16) or flat.numel() != experts + 1 or not flat.is_contiguous():
-        raise ValueError(f"route's logits must be {experts} + 1 contiguous bf16/fp16 entries, got "
-                         f"{tuple(logits.shape)} {flat.dtype}")
-    if not 1 <= k <= experts or experts > MAX_EXPERTS:
-        raise ValueError(f"route needs 1 <= top_k {k} <= experts {experts} <= {MAX_EXPERTS}")
+    flat = check_route_logits(logits, experts, k)
     if (ids.dtype != torch.int64 or ids.shape != (1, k) or weights.shape != (1, k) or shared.numel() != 1
             or shared.dtype != torch.float32):
         raise ValueError("route's outs must be (weights [1, k], ids [1, k] int64, shared_scale [1] fp32)")
