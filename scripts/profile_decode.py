@@ -19,6 +19,8 @@ programs, x loaded once a program), e.g. fused-pdl/persistent+prefetch; the othe
 a program). "drop-route" / "drop-prenorm" / "drop-normshift" / "drop-prologue" are ceilings, not results: the
 router's top-k launch, the pre-mixer add + RMSNorm, GDN's gated norm + conv shift or the attention's q/k norm +
 RoPE + KV write left out of the step (decode_fused.DROP; its bytes are then wrong).
+With --fill-context, each arm's context is random KV and recurrent state (engine/bench/filled_context.py) instead
+of a prefill: a decode step reads the same bytes, and a fresh machine compiles no prefill kernel (resident arms).
 With --json PATH, the same figures as JSON.
 
     python scripts/profile_decode.py --model synthetic:qwen3.6-35b-a3b-nvfp4 --context 16384 [--vram-budget 16GiB]
@@ -43,6 +45,7 @@ from qwenlocal.engine import Engine
 from qwenlocal.engine.kernels import (attention_decode, decode_router, gdn_decode, gemv_mixed, gemv_multi, gemv_norm,
                                       nvfp4_experts_decode, nvfp4_experts_parts, nvfp4_int_experts,
                                       parts_norm, router_gemv, router_norm, slot_ensure)
+from qwenlocal.engine.bench.filled_context import fill_context
 from qwenlocal.engine.bench.measure import device_gbps
 from qwenlocal.engine.model import decode_fused
 from qwenlocal.engine.roofline import model_step_bytes
@@ -113,10 +116,11 @@ def profile_steps(runner, state, token, steps: int):
 
 
 def arm(model: str, context: int, decode_kernels: str, budget: str | None, routing: str | None, top: int,
-        profile: bool = True, engine=None) -> dict:
+        profile: bool = True, engine=None, fill: bool = False) -> dict:
     """One arm's figures; profile False: its graph timings only (no eager profile, no graph trace). engine: an
     earlier arm's engine whose model (weights, expert banks) this arm's own runner, state and graph share
-    (--share-model); None: an engine of its own."""
+    (--share-model); None: an engine of its own. fill: the context filled with random KV and state instead of
+    prefilled (engine/bench/filled_context.py: no prefill kernel compiles; resident only)."""
     opts = {"max_context": context + 1536, "decode_kernels": decode_kernels}
     if routing:
         opts["routing"] = routing
@@ -131,7 +135,11 @@ def arm(model: str, context: int, decode_kernels: str, budget: str | None, routi
     token = torch.tensor([5], device="cuda")
     out = {"decode_kernels": decode_kernels, "context": context, "graph": runner.use_graph}
     state = runner.new_state()
-    runner.prefill(state, torch.randint(0, 600, (context,), device="cuda"))
+    if fill:
+        fill_context(eng.model, state, context)
+    else:
+        runner.prefill(state, torch.randint(0, 600, (context,), device="cuda"))
+    out["context_filled"] = fill
     # Eager: the graph-bound state is driven through the model's own path (runner.decode replays the graph).
     runner.use_graph = False
     for _ in range(3):
@@ -270,7 +278,13 @@ def main() -> None:
     p.add_argument("--build-deadline", type=float, default=0,
                    help="seconds after which no further arm is built: the rounds run with the arms built so far "
                         "(0: every arm), so that a run inside a device call's timeout still pairs")
+    p.add_argument("--fill-context", action="store_true",
+                   help="fill the context with random KV and recurrent state instead of prefilling it: the same "
+                        "bytes a decode step, no prefill kernel compiled on a fresh machine (resident only)")
     a = p.parse_args()
+    if a.fill_context and a.vram_budget:
+        raise SystemExit("--fill-context is for resident arms: under --vram-budget a prefill decides what the "
+                         "expert slots hold")
     if a.pairs > 12:
         raise SystemExit("--pairs: at most 12 rounds (each arm's context grows by 102 tokens a round)")
     for dk in a.decode_kernels.split(","):  # a misspelt arm stops here, not after the first arm's minutes
@@ -289,7 +303,7 @@ def main() -> None:
                   else None)
         try:
             r = arm(a.model, a.context, set_switches(dk), a.vram_budget, a.routing, a.top,
-                    profile=not (a.profile_first_only and results), engine=shared)
+                    profile=not (a.profile_first_only and results), engine=shared, fill=a.fill_context)
         except Exception as e:  # an arm whose kernels fail to build or launch: the other arms still report
             print(f"\n== {dk}: FAILED ({type(e).__name__}: {str(e)[:300]}) ==")
             failed.append(dk)
