@@ -186,6 +186,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "routeensure": (slot_ensure, "ROUTE"), "downpf": (nvfp4_int_experts, "DOWN_PREFETCH"),
             "gugroups": (nvfp4_int_experts, "GROUPS"), "fp8mma": (gemv_multi, "FP8_MMA"),
             "dngroups": (nvfp4_experts_parts, "GROUPS"), "dnroute": (nvfp4_experts_parts, "ROUTE"),
+            "dnpre": (nvfp4_experts_parts, "PRELOAD"),
             "mmastep": (gemv_multi, "MMA_STEP_SCALE")}
 
 
@@ -198,7 +199,7 @@ VALUES = {"gdnbv": (gdn_decode, "BLOCK_V"), "attnsplits": (attention_decode, "SP
 VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES.items()}
 # Switches and values read only when a step's kernels are launched (in the kernels' wrappers), never while the
 # model is built or loaded: arms that differ only in these can share one model (--share-model).
-AT_LAUNCH = {"gugroups", "dngroups", "dnroute", "fp8mma", "mmastep", "downpf", "prefetch", "gubn", "downbm",
+AT_LAUNCH = {"gugroups", "dngroups", "dnroute", "dnpre", "fp8mma", "mmastep", "downpf", "prefetch", "gubn", "downbm",
              "mmabk", "mmastages", "mmamin"}
 
 

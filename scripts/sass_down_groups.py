@@ -2,7 +2,8 @@
 """Compile the step's MoE down launch (kernels/nvfp4_experts_parts.expert_down_parts_kernel: 8 routed experts +
 the shared one with its gate scale, H 2048, I 512, 16 rows and 2 warps a program, the tile-sums tail, PDL) for
 sm_90 WITHOUT a GPU (Triton's bundled ptxas; use the H200's Triton, scripts/sass_util.py says how), on the row
-path and on the group path (nvfp4_experts_parts.GROUPS), and print registers, spill stack, SASS instructions,
+path, on the group path (nvfp4_experts_parts.GROUPS), the group path routing itself (ROUTE) and with its rows
+loaded before the wait (PRELOAD), and print registers, spill stack, SASS instructions,
 IDP-free counts of shuffles / shared-memory stores / barriers and instructions a weight code (straight-line
 code: the whole count over the 16 x 512 / 64 codes a thread handles; the tail's share runs in one program of
 nine). A check of how much work a thread does, not a timing.
@@ -31,14 +32,17 @@ TYPES = {"act_ptr": "*fp32", "wts_ptr": "*bf16", "ids_ptr": "*i64", "words_ptr":
          "new_x_ptr": "*bf16", "norm_ptr": "*fp32", "counters_ptr": "*i32", "eps": "fp32"}
 
 
-def compile_down_sm90(groups: bool):
-    """The step's down launch (TILE_SUMS tail) for sm_90, on the group path or the row path."""
+def compile_down_sm90(groups: bool, route: bool = False, preload: bool = False):
+    """The step's down launch (TILE_SUMS tail) for sm_90, on the group path or the row path; route: its programs
+    routing themselves before the wait (ROUTE); preload: their rows loaded before it too (PRELOAD)."""
     fn = ep.expert_down_parts_kernel
-    sig = {name: TYPES.get(name, "constexpr") for name in fn.arg_names}
+    types = dict(TYPES, logits_ptr="*bf16", E="i32") if route else TYPES
+    sig = {name: types.get(name, "constexpr") for name in fn.arg_names}
     consts = dict(K_ROUTED=8, HAS_EXTRA=True, HAS_EXTRA_SCALE=True, HAS_ADDEND=False, BLOCK_M=BLOCK_M,
                   BLOCK_G=I // 16, MASKED=False, DECODE="asm", X_SPLIT=True, GROUP_SCALES=True, USE_GDC=True,
                   PERSISTENT=False, NORM_TAIL=True, ROUND=1, BLOCK_H=16, FENCE=True, TILE_SUMS=True, GROUPS=groups,
-                  EARLY_ROUTE=0, BLOCK_E=32, E=0)
+                  EARLY_ROUTE=int(route), BLOCK_E=256 if route else 32, PRELOAD=preload,
+                  **({} if route else dict(E=0, logits_ptr=None)))
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n].startswith("*") or n in ("H", "I", "dn_at", "dn_scale_at")}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
@@ -60,12 +64,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
-    print(f"{'path':6} {'regs':>4} {'stack':>5} {'instrs':>6} {'LDG':>4} {'SHFL':>4} {'STS':>4} {'LDS':>4} {'BAR':>4} "
+    print(f"{'path':7} {'regs':>4} {'stack':>5} {'instrs':>6} {'LDG':>4} {'SHFL':>4} {'STS':>4} {'LDS':>4} {'BAR':>4} "
           f"{'instr/code':>10}")
-    for groups in (False, True):
-        c = counts(compile_down_sm90(groups), os.path.join(args.dump or "/tmp", f"down_{int(groups)}"),
+    for name, groups, route, preload in (("rows", False, False, False), ("groups", True, False, False),
+                                         ("route", True, True, False), ("preload", True, True, True)):
+        c = counts(compile_down_sm90(groups, route, preload), os.path.join(args.dump or "/tmp", f"down_{name}"),
                    bool(args.dump))
-        print(f"{'groups' if groups else 'rows':6} {c['reg']:>4} {c['stack']:>5} {c['n']:>6} {c['ldg']:>4} "
+        print(f"{name:7} {c['reg']:>4} {c['stack']:>5} {c['n']:>6} {c['ldg']:>4} "
               f"{c['shfl']:>4} {c['sts']:>4} {c['lds']:>4} {c['bar']:>4} {c['per_code']:>10.2f}")
 
 

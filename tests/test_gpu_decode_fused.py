@@ -61,18 +61,22 @@ def test_programmatic_launch_is_on_and_gives_the_plain_launch_bytes():
 @pytest.mark.parametrize("switches", [("gemv_multi", "PERSISTENT"), ("gemv_multi", "WEIGHT_PREFETCH"),
                                       ("nvfp4_int_experts", "ROUTE"), ("nvfp4_experts_decode", "PERSISTENT"),
                                       ("router_gemv", "FUSED"), ("nvfp4_int_experts", "DOWN_PREFETCH"),
-                                      ("nvfp4_experts_parts", "ROUTE")])
+                                      ("nvfp4_experts_parts", "ROUTE"),
+                                      ("nvfp4_experts_parts", "PRELOAD", ["GROUPS", "ROUTE"])])
 def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monkeypatch):
     """The A/B switches that change only how the work is spread or prefetched (persistent GEMV programs with the
     rows asked of L2 turns ahead, the weight prefetch before the PDL wait, persistent expert programs, the
     router's top-k in its GEMV's last program, the integer gate/up routing itself, its programs asking L2 for the
     experts' down rows, the down launch routing itself before its PDL wait) give the default step's
     logits byte for byte, through the graph, 190 steps, with programmatic launch. Each switch is compared off
-    against on, whichever is its default."""
+    against on, whichever is its default; a third item names the module's switches it works under, on in both
+    (the down launch's rows loaded before the wait: on the group path, routing itself)."""
     import importlib
 
-    module, attr = switches
+    module, attr, *under = switches
     mod = importlib.import_module(f"qwenlocal.engine.kernels.{module}")
+    for name in under[0] if under else []:
+        monkeypatch.setattr(mod, name, True)
     ids = torch.randint(0, 600, (64 + 190,), generator=torch.Generator().manual_seed(34))
     monkeypatch.setattr(mod, attr, False)
     default = build("synthetic:small-nvfp4", decode_kernels="fused-pdl").score(ids, prefill=64)

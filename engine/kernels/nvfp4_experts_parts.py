@@ -25,7 +25,7 @@ from .nvfp4_triton import exact_out
 from .parts_norm import parts_norm_tail
 from ..quant.formats import dequant_nvfp4
 from ..quant.nvfp4_rows import dequant_expert_rows
-from .nvfp4_down_groups import extra_down_groups, routed_down_groups
+from .nvfp4_down_groups import extra_down_groups, preload_down, preloaded_part, routed_down_groups
 from .nvfp4_expert_rows import extra_down, routed_down, x_tiles
 from .nvfp4_experts_decode import _block_g, _check, _decode, _matrix, _row_offsets, requested_programs
 from .route_keys import check_route_logits, routed_expert
@@ -49,6 +49,14 @@ GROUPS = False
 # (ld.global.cg), past an L1 that may hold an earlier step's line. The same ids, so the same bytes. Off until its
 # GPU A/B (profile_decode arm "dnroute").
 ROUTE = False
+# Where the down launch routes itself (ROUTE) on the group path (GROUPS), each program loads its rows' code words
+# and scale bytes (and the global scale) before the PDL wait too, into registers (nvfp4_down_groups.preload_down),
+# and after it only the activations: the rows' DRAM latency leaves the chain after the wait wherever the
+# program is resident before gate/up ends (gate/up's second partial wave, or one wave at gubn=2). The rows are
+# resident experts' (ROUTE's condition: no slot is filled in the step), which no kernel writes. The same chains,
+# sums and scales as the group path, so its bytes. Off until its GPU A/B (profile_decode arm "dnpre", with
+# dngroups and dnroute).
+PRELOAD = False
 
 
 @triton.jit
@@ -100,20 +108,27 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                              PERSISTENT: tl.constexpr = False, NORM_TAIL: tl.constexpr = False,
                              ROUND: tl.constexpr = 0, BLOCK_H: tl.constexpr = 16, FENCE: tl.constexpr = False,
                              TILE_SUMS: tl.constexpr = False, GROUPS: tl.constexpr = False, logits_ptr=None, E=0,
-                             EARLY_ROUTE: tl.constexpr = 0, BLOCK_E: tl.constexpr = 32):
+                             EARLY_ROUTE: tl.constexpr = 0, BLOCK_E: tl.constexpr = 32,
+                             PRELOAD: tl.constexpr = False):
     """Grid (output tiles, k + 1 experts). PERSISTENT (the whole row in one K step): grid (programs an expert,
     k + 1); program (q, j) takes the output tiles q, q + grid, ... of expert j with act[j]'s activations
     loaded once: the same bytes as one program a tile. NORM_TAIL (one program a tile, every part written): the
     next residual add + RMSNorm in the launch's last programs (parts_norm.parts_norm_tail); with TILE_SUMS the
     new residual and its tiles' sums of squares only (then the shared part may come from a launch before).
     EARLY_ROUTE (one program a tile): routed program j finds its expert, rank j of the router's logits, before
-    the PDL wait (see ROUTE); 2 (a benchmark's routing trace): the rank is still found, the row is ids[j]."""
+    the PDL wait (see ROUTE); 2 (a benchmark's routing trace): the rank is still found, the row is ids[j].
+    PRELOAD (with EARLY_ROUTE and GROUPS): the program's rows loaded before the wait too (see PRELOAD)."""
     j = tl.program_id(1)  # 0..k-1 routed experts, k the shared one
     e_routed = tl.zeros([], dtype=tl.int64)
     if EARLY_ROUTE > 0:
         if j < K_ROUTED:  # from L2: read before the wait (see ROUTE); 2: the trace's row, written before the
             # step's first kernel
             e_routed = routed_expert(logits_ptr, E, j, BLOCK_E, ids_ptr, EARLY_ROUTE == 2, True)
+    if PRELOAD:  # the rows are resident experts' (no kernel writes them): into registers before the wait
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        w0, w1, sb, g_down = preload_down(ids_ptr, words_ptr, bytes_ptr, xd_w, xd_s, xd_g, j, m, m < H, I,
+                                          row_words, dn_at, dn_scale_at, glob_at, e_routed, K_ROUTED, HAS_EXTRA,
+                                          BLOCK_M, BLOCK_G, DECODE)
     gdc_prologue(USE_GDC)  # PDL: gate/up's act (and the routing weights) are read only after this
     if PERSISTENT:
         w = tl.arange(0, 2 * BLOCK_G)
@@ -127,10 +142,15 @@ def expert_down_parts_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, pa
                        X_SPLIT, GROUP_SCALES, True)
     else:
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words, dn_at, dn_scale_at,
-                   glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, None, None, None, K_ROUTED,
-                   HAS_EXTRA, HAS_EXTRA_SCALE, HAS_ADDEND, BLOCK_M, BLOCK_G, MASKED, DECODE, X_SPLIT, GROUP_SCALES,
-                   False, GROUPS, e_routed, EARLY_ROUTE > 0)
+        if PRELOAD:
+            out = preloaded_part(act_ptr, wts_ptr, extra_scale_ptr, addend_ptr, w0, w1, sb, g_down, j, m, m < H, I,
+                                 K_ROUTED, HAS_EXTRA, HAS_EXTRA_SCALE, HAS_ADDEND, BLOCK_M, BLOCK_G, DECODE)
+            tl.store(parts_ptr + j * H + m, out, mask=m < H)
+        else:
+            _part_rows(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, parts_ptr, H, I, row_words, dn_at,
+                       dn_scale_at, glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, addend_ptr, j, m, None, None, None,
+                       K_ROUTED, HAS_EXTRA, HAS_EXTRA_SCALE, HAS_ADDEND, BLOCK_M, BLOCK_G, MASKED, DECODE, X_SPLIT,
+                       GROUP_SCALES, False, GROUPS, e_routed, EARLY_ROUTE > 0)
         if NORM_TAIL:
             parts_norm_tail(parts_ptr, x_ptr, norm_w_ptr, new_x_out_ptr, new_x_ptr, norm_ptr, counters_ptr, eps, H,
                             tl.program_id(0), tl.num_programs(0), K_ROUTED + 1, BLOCK_M, ROUND, BLOCK_H, FENCE,
@@ -165,7 +185,8 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     (parts_norm.py TILE_SUMS). One program a tile; write_shared=False too (row k written before).
     route = (logits [E + 1] bf16/fp16, E, traced): with the switch ROUTE, the routed programs find their experts
     from the router's logits before the PDL wait instead of reading ids (which must then be route_topk's ids of
-    those logits, or with traced a benchmark trace's ids, the rows taken); one program a tile."""
+    those logits, or with traced a benchmark trace's ids, the rows taken); one program a tile. With the switch
+    PRELOAD too, on the group path, the programs load their rows before the wait as well (resident rows only)."""
     if norm is not None and sums is not None:
         raise ValueError("give norm= or sums=, not both")
     block_m = BLOCK_M if block_m is None else block_m  # read at the call: profile_decode's arm value downbm
@@ -194,6 +215,8 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     per_expert = max(1, (programs or 0) // max(1, experts))
     persistent = programs is not None and per_expert < tiles
     early = _early_route(route if ROUTE else None, k, persistent)
+    if PRELOAD and groups and early:  # the rows before the wait: only where the experts are found before it
+        early["PRELOAD"] = True
     tail = (_sums_tail(sums, act.device, hidden, tiles, not persistent) if sums is not None
             else _norm_tail(norm, act.device, hidden, tiles, write_shared and not persistent))
     expert_down_parts_kernel[(per_expert if persistent else tiles, experts)](
