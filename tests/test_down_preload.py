@@ -104,26 +104,6 @@ def test_every_down_launch_of_the_step_takes_it_and_the_logits_keep_their_bytes(
     assert torch.isfinite(got).all() and torch.equal(got, want)
 
 
-# test_down_route's compile, with the group path and the switch: early 0 (no route), 1 (route), 3 (route + preload)
-def test_every_down_launch_of_the_step_takes_it_and_the_logits_keep_their_bytes(quantized_ckpt,  # noqa: F811
-                                                                                monkeypatch):
-    """The engine's step (resident experts, gate/up routing itself, bf16 as on a GPU): with the switch every down
-    launch of both decode steps loads its rows before the wait, and the logits are the group path's bytes."""
-    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(9))
-    eng = _engine(quantized_ckpt, True, dtype=torch.bfloat16)
-    launches, kernel = [], nvfp4_experts_parts.expert_down_parts_kernel
-
-    class Spy:  # the launch's PRELOAD, then the real launch
-        def __getitem__(self, grid):
-            return lambda *a, **k: launches.append(k.get("PRELOAD", False)) or kernel[grid](*a, **k)
-
-    monkeypatch.setattr(nvfp4_experts_parts, "expert_down_parts_kernel", Spy())
-    want, got = _both(monkeypatch, lambda: eng.score(ids, prefill=24))
-    steps = 2 * len(eng.model.layers)
-    assert launches == [False] * steps + [True] * steps
-    assert torch.isfinite(got).all() and torch.equal(got, want)
-
-
 # test_down_route's compile on the group path: early 1 (the route alone), 3 (the route and the switch)
 _PRELOAD_COMPILE = _COMPILE.replace("for early in (0, 1, 2):", "for early in (1, 3):").replace(
     "GROUPS=False,", "GROUPS=True,").replace("EARLY_ROUTE=early,", "EARLY_ROUTE=1, PRELOAD=early == 3,")
