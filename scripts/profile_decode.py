@@ -200,7 +200,7 @@ VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES
 # Switches and values read only when a step's kernels are launched (in the kernels' wrappers), never while the
 # model is built or loaded: arms that differ only in these can share one model (--share-model).
 AT_LAUNCH = {"gugroups", "dngroups", "dnroute", "dnpre", "fp8mma", "mmastep", "downpf", "prefetch", "gubn", "downbm",
-             "mmabk", "mmastages", "mmamin"}
+             "mmabk", "mmastages", "mmamin", "mixedfew"}
 
 
 def shares_model(arm_name: str, first: str) -> bool:

@@ -14,6 +14,7 @@ import profile_decode as pd  # noqa: E402
 def test_arms_share_the_model_only_over_switches_read_at_launch():
     assert pd.shares_model("fused-pdl/gugroups+dnroute", "fused-pdl")
     assert pd.shares_model("fused-pdl/gubn=2+no-dngroups", "fused-pdl/fp8mma+mmastages=8")
+    assert pd.shares_model("fused-pdl/mixedfew+dnpre", "fused-pdl")  # gemv_two_formats reads it at each call
     assert not pd.shares_model("fused/gugroups", "fused-pdl")  # another decode_kernels value
     assert not pd.shares_model("fused-pdl/mixed", "fused-pdl")  # gemv_mixed.MIXED: read as parts are split
     assert not pd.shares_model("fused-pdl/gugroups", "fused-pdl/drop-route")  # a ceiling: not a launch switch
