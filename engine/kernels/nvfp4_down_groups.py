@@ -8,6 +8,8 @@ tile is row m's group g: one inline PTX block loads its two code words (8 bytes)
 16-byte loads: the same for every row, L1 hits) and its scale byte, turns the codes into fp16 pairs by bit
 placement (nvfp4_expert_rows.e2m1_pair's: E2M1 * 2^-14, exact), each half to fp32, and chains 16 FMAs in a
 fixed order. No tl.load takes part, so no layout is imposed and none converted.
+PRELOAD (nvfp4_experts_parts.PRELOAD): the same block in two, LOAD_PTX (the code words and scale byte, issued
+before the launch's PDL wait) and CHAIN_PTX (the activations and the FMAs, after it), the same chains.
 
 Arithmetic (both paths): partial(m, g) = the FMA chain over codes 16g + (0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13,
 10, 14, 11, 15) of decode * act, from 0; times the group's E4M3 scale; summed over g in the tile's order.
@@ -75,14 +77,7 @@ def _group_asm(cw, ap, sp):
 @triton.jit
 def _group_plain(cw, ap, sp):
     """_group_asm's values through tl.load, the same bit placement and FMAs in the same order."""
-    acc = tl.zeros(cw.shape, dtype=tl.float32)
-    for half in tl.static_range(2):
-        word = tl.load(cw + half)
-        for c in tl.static_range(4):
-            lo, hi = e2m1_pair(word, c, "fp16")  # the bit placement the PTX does, then fp16 -> fp32
-            acc = tl.fma(lo, tl.load(ap + 8 * half + c), acc)
-            acc = tl.fma(hi, tl.load(ap + 8 * half + c + 4), acc)
-    return acc, tl.load(sp).to(tl.int32) & 0xFF
+    return _chain_plain(tl.load(cw), tl.load(cw + 1), ap), tl.load(sp).to(tl.int32) & 0xFF
 
 
 @triton.jit
@@ -102,12 +97,12 @@ def _chain_asm(w0, w1, ap):
 
 @triton.jit
 def _chain_plain(w0, w1, ap):
-    """_chain_asm's value: _group_plain's FMAs over the given words."""
+    """_chain_asm's value (and _group_plain's): the chain over the given words, tl.load for the activations."""
     acc = tl.zeros(w0.shape, dtype=tl.float32)
     for half in tl.static_range(2):
         word = w0 if half == 0 else w1
         for c in tl.static_range(4):
-            lo, hi = e2m1_pair(word, c, "fp16")
+            lo, hi = e2m1_pair(word, c, "fp16")  # the bit placement the PTX does, then fp16 -> fp32
             acc = tl.fma(lo, tl.load(ap + 8 * half + c), acc)
             acc = tl.fma(hi, tl.load(ap + 8 * half + c + 4), acc)
     return acc
