@@ -38,10 +38,11 @@ ROUTE_TYPES = {"logits_ptr": "*bf16", "E": "i32", "wts_out_ptr": "*i16", "ids_ou
                "shared_out_ptr": "*fp32"}
 
 
-def compile_experts_sm90(block_n: int, num_warps: int, route: bool = False, groups: bool = False):
+def compile_experts_sm90(block_n: int, num_warps: int, route: bool = False, groups: bool = False,
+                         maxnreg: int | None = None):
     """expert_gate_up_int as the step launches it (8 routed + the shared expert); route: its programs routing
     themselves from 256 experts' bf16 logits (nvfp4_int_experts.ROUTE); groups: its dots through
-    nvfp4_int_groups (nvfp4_int_experts.GROUPS)."""
+    nvfp4_int_groups (nvfp4_int_experts.GROUPS); maxnreg: a register cap (None: the launch's own)."""
     fn = nie.expert_gate_up_int_kernel
     sig = {name: EXPERT_TYPES.get(name, "constexpr") for name in fn.arg_names}
     for name in ("I", "row_words", "gu_scale_at", "glob_at"):
@@ -60,6 +61,8 @@ def compile_experts_sm90(block_n: int, num_warps: int, route: bool = False, grou
     options = dict(num_warps=num_warps)
     if groups and block_n == 1:  # as expert_gate_up_int launches it
         options["maxnreg"] = nie.GROUPS_MAXNREG
+    if maxnreg:
+        options["maxnreg"] = maxnreg
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=options)
 
 
@@ -109,6 +112,12 @@ def main() -> None:
     for block_n, num_warps in EXPERT_CONFIGS[2:3]:
         print_row(compile_experts_sm90(block_n, num_warps, route=True, groups=True), block_n, num_warps,
                   2 * block_n * K / 32, out(f"nvfp4_int_experts_groups_route_{block_n}_{num_warps}"), bool(args.dump))
+    print("\nthe group path routing itself at 2 and 4 rows a program (profile_decode's gubn), at one warp, as launched "
+          f"and capped at {nie.GROUPS_MAXNREG} registers (a stack is spilled registers)")
+    for block_n in (2, 4):
+        for cap in (None, nie.GROUPS_MAXNREG):
+            print_row(compile_experts_sm90(block_n, 1, route=True, groups=True, maxnreg=cap), block_n, 1,
+                      2 * block_n * K / 32, out(f"nvfp4_int_experts_groups_route_{block_n}_cap{cap}"), bool(args.dump))
 
 
 if __name__ == "__main__":
