@@ -106,9 +106,18 @@ def test_every_down_launch_of_the_step_takes_it_and_the_logits_keep_their_bytes(
     assert torch.isfinite(got).all() and torch.equal(got, want)
 
 
+def _edited(source: str, *edits: tuple[str, str]) -> str:
+    """source with each (old, new) replaced, every old there once (so that an edit of the source cannot be lost)."""
+    for old, new in edits:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    return source
+
+
 # test_down_route's compile on the group path: early 1 (the route alone), 3 (the route and the switch)
-_PRELOAD_COMPILE = _COMPILE.replace("for early in (0, 1, 2):", "for early in (1, 3):").replace(
-    "GROUPS=False,", "GROUPS=True,").replace("EARLY_ROUTE=early,", "EARLY_ROUTE=1, PRELOAD=early == 3,")
+_PRELOAD_COMPILE = _edited(_COMPILE, ("for early in (0, 1, 2):", "for early in (1, 3):"),
+                           ("GROUPS=False,", "GROUPS=True,"),
+                           ("EARLY_ROUTE=early,", "EARLY_ROUTE=1, PRELOAD=early == 3,"))
 
 
 def _split_loads(ptx: str) -> tuple[list, list]:

@@ -33,10 +33,10 @@ def fill_context(model, state, length: int, seed: int = 0) -> None:
             heads, dim = kv.k.shape[-2:]
             for start in range(0, length, CHUNK):
                 t = min(CHUNK, length - start)
-                k, v = (KV_SCALE * torch.randn(t, heads, dim, generator=gen)).to(kv.k.dtype), \
-                    (KV_SCALE * torch.randn(t, heads, dim, generator=gen)).to(kv.v.dtype)
+                k, v = ((KV_SCALE * torch.randn(t, heads, dim, generator=gen)).to(kv.k.device, kv.k.dtype)
+                        for _ in range(2))
                 positions = torch.arange(start, start + t, device=kv.k.device)
-                attention.write(kv, k.to(kv.k.device), v.to(kv.v.device), positions, start)
+                attention.write(kv, k, v, positions, start)
         for layer in state.conv:
             for t in (state.conv[layer], state.recurrent[layer]):
                 t.copy_(STATE_SCALE * torch.randn(t.shape, generator=gen))

@@ -77,7 +77,14 @@ def _group_asm(cw, ap, sp):
 @triton.jit
 def _group_plain(cw, ap, sp):
     """_group_asm's values through tl.load, the same bit placement and FMAs in the same order."""
-    return _chain_plain(tl.load(cw), tl.load(cw + 1), ap), tl.load(sp).to(tl.int32) & 0xFF
+    w0, w1, sb = _load_plain(cw, sp)
+    return _chain_plain(w0, w1, ap), sb
+
+
+@triton.jit
+def _load_plain(cw, sp):
+    """_load_asm's values through tl.load: a group's two code words and its scale byte."""
+    return tl.load(cw), tl.load(cw + 1), tl.load(sp).to(tl.int32) & 0xFF
 
 
 @triton.jit
@@ -125,17 +132,22 @@ def _group_tile(m, mask_m, I, BLOCK_G: tl.constexpr):
 
 
 @triton.jit
+def _group_weights(w_ptr, s_ptr, r, g, I):
+    """The tile's pointers into the matrix: each group's first code word, its scale byte."""
+    return w_ptr + r * (I // 8) + 2 * g, s_ptr + r * (I // 16) + g
+
+
+@triton.jit
 def load_groups(w_ptr, s_ptr, m, mask_m, I, BLOCK_G: tl.constexpr, DECODE: tl.constexpr):
     """Rows m's code words and scale bytes as rows_groups' tile, without the activations: (word 0, word 1,
     scale byte) int32 [BLOCK_M, BLOCK_G], for a program that loads its weights before its PDL wait
     (rows_groups_loaded takes them after it)."""
     r, g, _ = _group_tile(m, mask_m, I, BLOCK_G)
-    cw = w_ptr + r * (I // 8) + 2 * g
-    sp = s_ptr + r * (I // 16) + g
+    cw, sp = _group_weights(w_ptr, s_ptr, r, g, I)
     if DECODE == "asm":
         w0, w1, sb = _load_asm(cw, sp)
     else:
-        w0, w1, sb = tl.load(cw), tl.load(cw + 1), tl.load(sp).to(tl.int32) & 0xFF
+        w0, w1, sb = _load_plain(cw, sp)
     return w0, w1, sb
 
 
@@ -157,8 +169,7 @@ def rows_groups(w_ptr, s_ptr, m, mask_m, act_ptr, I, BLOCK_G: tl.constexpr, DECO
     NVFP4 matrix [*, I] (int32 words at w_ptr, I / 8 a row; scale bytes at s_ptr, I / 16 a row) against the
     activations at act_ptr (I fp32). Masked rows and groups past I / 16 read row 0 / group 0 and add 0."""
     r, g, mask_g = _group_tile(m, mask_m, I, BLOCK_G)
-    cw = w_ptr + r * (I // 8) + 2 * g
-    sp = s_ptr + r * (I // 16) + g
+    cw, sp = _group_weights(w_ptr, s_ptr, r, g, I)
     ap = act_ptr + 16 * g + 0 * r  # the tile's shape for every operand: one layout, none converted
     if DECODE == "asm":
         part, sb = _group_asm(cw, ap, sp)
