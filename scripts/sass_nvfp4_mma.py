@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Compile the NVFP4 GEMV on the integer tensor cores (kernels/nvfp4_mma.gemv_mma_kernel) for sm_90 WITHOUT a GPU
+(Triton's bundled ptxas; use the H200's Triton, scripts/sass_util.py says how) at the step's K (2048: the LM head,
+the experts' gate/up; 512: their down) and print registers, spill stack, SASS instructions, the MMA / PRMT / LDG
+counts and instructions a weight code (straight-line: the count over the codes a lane handles), and the layout
+Triton gave the tile's PTX blocks (one element a thread, or the blocks run more than once a lane).
+A check of how much work a thread does, not a timing; gemv_multi's NVFP4 LM head is 5.8 a code, the integer
+dots 3.0-3.8 (docs/RESULTS.md sessions 17-25).
+
+    PYTHONPATH=/tmp/tri36 python scripts/sass_nvfp4_mma.py [--dump DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+os.environ.pop("TRITON_INTERPRET", None)  # noqa: E402 (compile for the GPU, not the interpreter)
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from qwenlocal.engine.kernels import nvfp4_mma as nm  # noqa: E402
+from sass_util import sass_of  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
+
+TYPES = {"w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "hl_ptr": "*i8", "xs_ptr": "*fp32", "zeros_ptr": "*i8",
+         "tables_ptr": "*i32", "out_ptr": "*fp32", "N": "i32"}
+
+
+def compile_gemv_sm90(k: int, pdl: bool = True):
+    """gemv_mma_kernel at K = k as gemv_mma launches it (fp32 out, PDL)."""
+    fn = nm.gemv_mma_kernel
+    sig = {name: TYPES.get(name, "constexpr") for name in fn.arg_names}
+    consts = dict(K=k, G=nm.steps_groups(k), DECODE="asm", OUT_BF16=False, USE_GDC=pdl)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=1, enable_fp_fusion=False))
+
+
+def asm_layouts(ttgir: str) -> list[str]:
+    """The layouts of the tile's inline PTX blocks' results (tt.elementwise_inline_asm), by their encodings."""
+    encodings = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, flags=re.M))
+    used = re.findall(r"tt\.elementwise_inline_asm.*?-> .*?tensor<\d+x\w+, (#\w+)>", ttgir)
+    return sorted({encodings.get(u, u) for u in used})
+
+
+def count(k: int, dump: str | None) -> dict:
+    kernel = compile_gemv_sm90(k)
+    ins, usage, _ = sass_of(kernel, os.path.join(dump or "/tmp", f"nvfp4_mma_{k}"), bool(dump))
+    codes = 16 * k // 32  # the tile's 16 rows of K codes over the warp's 32 lanes
+    ops = lambda op: sum(1 for i in ins if re.match(rf"(@!?P\d+\s+)?{op}\b", i))  # noqa: E731
+    return dict(K=k, regs=usage["REG"], stack=usage["STACK"], instrs=len(ins), mma=ops("IMMA"), prmt=ops("PRMT"),
+                ldg=ops("LDG"), per_code=len(ins) / codes, layouts=asm_layouts(kernel.asm["ttgir"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dump", help="write ttgir / ptx / sass here")
+    args = ap.parse_args()
+    if args.dump:
+        os.makedirs(args.dump, exist_ok=True)
+    print(f"{'K':>5} {'regs':>4} {'stack':>5} {'instrs':>6} {'IMMA':>4} {'PRMT':>5} {'LDG':>4} {'a code':>7}  layout")
+    for k in (2048, 512):
+        c = count(k, args.dump)
+        print(f"{c['K']:>5} {c['regs']:>4} {c['stack']:>5} {c['instrs']:>6} {c['mma']:>4} {c['prmt']:>5} {c['ldg']:>4} "
+              f"{c['per_code']:>7.2f}  {'; '.join(c['layouts'])}")
+
+
+if __name__ == "__main__":
+    main()
