@@ -43,7 +43,7 @@ from bench_resident import timed  # scripts/ is on the path when this runs as a 
 from graph_timeline import print_timeline, timeline
 from qwenlocal.engine import Engine
 from qwenlocal.engine.kernels import (attention_decode, decode_router, gdn_decode, gemv_mixed, gemv_multi, gemv_norm,
-                                      nvfp4_experts_decode, nvfp4_experts_parts, nvfp4_int_experts,
+                                      nvfp4_experts_decode, nvfp4_experts_parts, nvfp4_int_experts, nvfp4_mma,
                                       parts_norm, router_gemv, router_norm, slot_ensure)
 from qwenlocal.engine.bench.filled_context import fill_context
 from qwenlocal.engine.bench.measure import device_gbps
@@ -187,7 +187,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "gugroups": (nvfp4_int_experts, "GROUPS"), "fp8mma": (gemv_multi, "FP8_MMA"),
             "dngroups": (nvfp4_experts_parts, "GROUPS"), "dnroute": (nvfp4_experts_parts, "ROUTE"),
             "dnpre": (nvfp4_experts_parts, "PRELOAD"),
-            "mmastep": (gemv_multi, "MMA_STEP_SCALE")}
+            "mmastep": (gemv_multi, "MMA_STEP_SCALE"), "lmimma": (nvfp4_mma, "LM_HEAD")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}
@@ -200,7 +200,7 @@ VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES
 # Switches and values read only when a step's kernels are launched (in the kernels' wrappers), never while the
 # model is built or loaded: arms that differ only in these can share one model (--share-model).
 AT_LAUNCH = {"gugroups", "dngroups", "dnroute", "dnpre", "fp8mma", "mmastep", "downpf", "prefetch", "gubn", "downbm",
-             "mmabk", "mmastages", "mmamin", "mixedfew"}
+             "mmabk", "mmastages", "mmamin", "mixedfew", "lmimma"}
 
 
 def shares_model(arm_name: str, first: str) -> bool:

@@ -112,3 +112,23 @@ def test_the_ensure_routing_first_gives_the_default_bytes_without_route_topk(qua
     assert torch.equal(eng.score(ids, prefill=24), default)
     assert not routed and int(eng.model.cache.misses) > 0
 
+
+
+def test_the_lm_head_on_the_integer_tensor_cores_keeps_the_logits(quantized_ckpt, monkeypatch):  # noqa: F811
+    """nvfp4_mma.LM_HEAD: the NVFP4 head through gemv_mma in every decode step (x quantized by its own launch),
+    the logits at x's quantization level of gemv_multi's, the same argmax, the prompt's logits untouched."""
+    from qwenlocal.engine.kernels import nvfp4_mma
+
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(21))
+    off = _engine(quantized_ckpt, True).score(ids, prefill=24)
+    monkeypatch.setattr(nvfp4_mma, "LM_HEAD", True)
+    calls, real = [], nvfp4_mma.gemv_mma
+    monkeypatch.setattr(nvfp4_mma, "gemv_mma", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    eng = _engine(quantized_ckpt, True)
+    head = getattr(eng.model.lm_head_w, "tensors", eng.model.lm_head_w)
+    assert isinstance(head, dict) and "weight_scale_2" in head  # the checkpoint's NVFP4 head
+    on = eng.score(ids, prefill=24)
+    assert calls == [head["weight"].shape] * 2  # both decode steps, nothing else
+    assert torch.equal(on[:24], off[:24])
+    assert ((on[24:] - off[24:]).abs().max() / off[24:].abs().max()) < 1e-3
+    assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()

@@ -111,14 +111,15 @@ TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"
          "tilesums": ("parts_norm", "TILE_SUMS"), "guint": ("nvfp4_int_experts", "ON"),
          "mixedfew": ("gemv_mixed", "FEWEST_B_TILES"), "attnmerge": ("attention_decode", "MERGE_APART"),
          "gugroups": ("nvfp4_int_experts", "GROUPS"), "dngroups": ("nvfp4_experts_parts", "GROUPS"),
-         "fp8mma": ("gemv_multi", "FP8_MMA"), "mmastep": ("gemv_multi", "MMA_STEP_SCALE")}
+         "fp8mma": ("gemv_multi", "FP8_MMA"), "mmastep": ("gemv_multi", "MMA_STEP_SCALE"),
+         "lmimma": ("nvfp4_mma", "LM_HEAD")}
 # Settings a switch needs beside itself: fp8mma's tile threshold lowered to the small model's sizes
 ALONGSIDE = {"fp8mma": [("gemv_multi", "MMA_MIN_TILES", 1)]}
 
 
 @pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "tilesums",
                                    "guint", "mixedfew", "attnmerge", "gugroups", "dngroups", "gugroups+dngroups",
-                                   "fp8mma", "fp8mma+mmastep",
+                                   "fp8mma", "fp8mma+mmastep", "lmimma",
                                    "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
@@ -135,7 +136,8 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     thread's groups its own, nvfp4_int_groups.py; its sums in the tile's order) and nvfp4_experts_parts.GROUPS
     (the down rows the same way, nvfp4_down_groups.py): the same gate, each alone and both. gemv_multi.FP8_MMA
     (the FP8 projections' tiles on wgmma, fp8_mma.py; sm_90+), its tile threshold lowered: the same gate, and
-    with x's split scaled a K step (gemv_multi.MMA_STEP_SCALE)."""
+    with x's split scaled a K step (gemv_multi.MMA_STEP_SCALE). nvfp4_mma.LM_HEAD (the NVFP4 LM head on the
+    integer tensor cores, x in int16 blocks): the same gate."""
     import importlib
 
     if "fp8mma" in tails and torch.cuda.get_device_capability()[0] != 9:

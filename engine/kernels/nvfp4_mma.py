@@ -43,6 +43,10 @@ from .nvfp4_int_dot import E2M1_X2, _e2m1_int, tables
 from .nvfp4_triton import _store_exact, exact_out
 
 QMAX = 32639  # the largest |q| whose high byte (q + 128) >> 8 is still an int8
+# The fused step's NVFP4 LM head through gemv_mma (decode_fused.logits), x quantized by its own launch. Off until
+# its GPU A/B (profile_decode arm "lmimma"; scripts/bench_nvfp4_int_dot.py has it alone against gemv_multi):
+# logits within x's int16 blocks of gemv_multi's (~2e-5 of the largest), not its bytes.
+LM_HEAD = False
 
 
 def steps_groups(k: int) -> int:

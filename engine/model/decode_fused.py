@@ -39,7 +39,7 @@ import torch
 
 from ..kernels import attention_decode as attention_decode_mod
 from ..kernels import gdn_decode as gdn_decode_mod
-from ..kernels import gemv_norm
+from ..kernels import gemv_norm, nvfp4_mma
 from ..kernels.attention_merge import merge_gate
 from ..kernels.attention_prologue import rope_inv_freq
 from ..kernels.decode_fused import add_rms_norm, attention_prologue, sigmoid_gate_mul
@@ -165,7 +165,13 @@ def _forward(model, ids, positions, state, start):
 
 def logits(model: "Qwen35MoeModel", hidden: torch.Tensor) -> torch.Tensor:
     """fp32 logits [1, V] straight from the LM head GEMV (the unfused path rounds them to the compute dtype).
+    An NVFP4 head goes on the integer tensor cores where nvfp4_mma.LM_HEAD is on (x quantized by its own launch).
     (Tried: the NVFP4 head as integer dots, nvfp4_int_dot.gemv_int; 1.015x / 1.016x the step in two A/Bs,
     docs/RESULTS.md session 19.)"""
     with programmatic_launch(model.kernels.pdl):
+        t = getattr(model.lm_head_w, "tensors", model.lm_head_w)  # a QuantLinear's dict, or a plain weight
+        if nvfp4_mma.LM_HEAD and isinstance(t, dict) and "weight_scale_2" in t \
+                and (2 * t["weight"].shape[1]) % 64 == 0:
+            return nvfp4_mma.gemv_mma(t["weight"], t["weight_scale"].view(torch.uint8), t["weight_scale_2"],
+                                      hidden.reshape(-1)).reshape(1, -1)
         return gemv(hidden, model.lm_head_w, out_dtype=torch.float32)
