@@ -21,6 +21,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from qwenlocal.engine.kernels import nvfp4_mma as nm  # noqa: E402
+from qwenlocal.engine.kernels import nvfp4_mma_experts as nme  # noqa: E402
 from sass_util import sass_of  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
 
 TYPES = {"w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "hl_ptr": "*i8", "xs_ptr": "*fp32", "zeros_ptr": "*i8",
@@ -35,6 +36,44 @@ def compile_gemv_sm90(k: int, pdl: bool = True):
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=1, enable_fp_fusion=False))
+
+
+EXPERT_TYPES = {"hl_ptr": "*i8", "xs_ptr": "*fp32", "zeros_ptr": "*i8", "tables_ptr": "*i32", "ids_ptr": "*i64",
+                "words_ptr": "*i32", "bytes_ptr": "*u8", "act_ptr": "*fp32", "xg_w": "*i32", "xg_s": "*u8",
+                "xg_g": "*fp32", "xu_w": "*i32", "xu_s": "*u8", "xu_g": "*fp32", "I": "i32", "row_words": "i32",
+                "gu_scale_at": "i32", "glob_at": "i32", "logits_ptr": "*bf16", "E": "i32", "wts_out_ptr": "*i16",
+                "ids_out_ptr": "*i64", "shared_out_ptr": "*fp32"}
+
+
+def compile_experts_sm90(warps: int, route: bool = True):
+    """expert_gate_up_mma_kernel as the step launches it (8 routed + the shared expert, H 2048; routing itself
+    from 256 experts' bf16 logits)."""
+    fn = nme.expert_gate_up_mma_kernel
+    sig = {name: EXPERT_TYPES.get(name, "constexpr") for name in fn.arg_names}
+    consts = dict(H=2048, K_ROUTED=8, HAS_EXTRA=True, G=nm.steps_groups(2048, warps), W=warps, DECODE="asm",
+                  USE_GDC=True)
+    if route:
+        consts.update(ROUTE=1, BLOCK_E=256, KP=8, F16=False, W_BF16=True)
+    else:
+        for name in ("logits_ptr", "E", "wts_out_ptr", "ids_out_ptr", "shared_out_ptr"):
+            sig[name] = "constexpr"
+        consts.update(logits_ptr=None, E=0, wts_out_ptr=None, ids_out_ptr=None, shared_out_ptr=None, ROUTE=0,
+                      BLOCK_E=32, KP=1, F16=False, W_BF16=True)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n].startswith("*") or n in ("I", "gu_scale_at") or (n == "E" and route)}
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps, enable_fp_fusion=False))
+
+
+def count_experts(warps: int, dump: str | None, route: bool = True) -> dict:
+    kernel = compile_experts_sm90(warps, route)
+    ins, usage, _ = sass_of(kernel, os.path.join(dump or "/tmp", f"nvfp4_mma_experts_{warps}_{int(route)}"),
+                            bool(dump))
+    codes = 16 * 2048 // (32 * warps)  # the tile's 16 rows over the program's threads
+    ops = lambda op: sum(1 for i in ins if re.match(rf"(@!?P\d+\s+)?{op}\b", i))  # noqa: E731
+    return dict(W=warps, route=route, regs=usage["REG"], stack=usage["STACK"], instrs=len(ins), mma=ops("IMMA"),
+                prmt=ops("PRMT"), ldg=ops("LDG"), per_code=len(ins) / codes,
+                layouts=asm_layouts(kernel.asm["ttgir"]))
 
 
 def asm_layouts(ttgir: str) -> list[str]:
@@ -64,6 +103,15 @@ def main() -> None:
         c = count(k, args.dump)
         print(f"{c['K']:>5} {c['regs']:>4} {c['stack']:>5} {c['instrs']:>6} {c['mma']:>4} {c['prmt']:>5} {c['ldg']:>4} "
               f"{c['per_code']:>7.2f}  {'; '.join(c['layouts'])}")
+    print("\nthe experts' gate/up (nvfp4_mma_experts; 8 routed + the shared expert, H 2048, I 512), W warps a "
+          "program, routing itself or not")
+    print(f"{'W':>3} {'route':>5} {'regs':>4} {'stack':>5} {'instrs':>6} {'IMMA':>4} {'PRMT':>5} {'LDG':>4} "
+          f"{'a code':>7}  layout")
+    for warps in (1, 2, 4):
+        for route in (True, False):
+            c = count_experts(warps, args.dump, route)
+            print(f"{c['W']:>3} {str(c['route']):>5} {c['regs']:>4} {c['stack']:>5} {c['instrs']:>6} {c['mma']:>4} "
+                  f"{c['prmt']:>5} {c['ldg']:>4} {c['per_code']:>7.2f}  {'; '.join(c['layouts'])}")
 
 
 if __name__ == "__main__":

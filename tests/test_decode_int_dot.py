@@ -132,3 +132,33 @@ def test_the_lm_head_on_the_integer_tensor_cores_keeps_the_logits(quantized_ckpt
     assert torch.equal(on[:24], off[:24])
     assert ((on[24:] - off[24:]).abs().max() / off[24:].abs().max()) < 1e-3
     assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_experts_gate_up_on_the_integer_tensor_cores_keeps_the_logits(quantized_ckpt, monkeypatch, dtype):
+    """nvfp4_mma_experts.ON: every layer's gate/up of both decode steps through expert_gate_up_mma, x as its high /
+    low bytes from the router's launch (routing itself where the experts are resident, bf16), the logits at x's
+    quantization level of the integer kernel's, the same argmax, the prompt's logits untouched; the shared expert
+    apart gives the serial launch's bytes."""
+    from qwenlocal.engine.kernels import nvfp4_mma_experts
+
+    ids = torch.randint(0, 600, (24 + 2,), generator=torch.Generator().manual_seed(22))
+    off = _engine(quantized_ckpt, True, dtype=dtype).score(ids, prefill=24)
+    monkeypatch.setattr(nvfp4_mma_experts, "ON", True)
+    calls, quantized = [], []
+    real, real_router = nvfp4_mma_experts.expert_gate_up_mma, router_norm.router_norm
+    monkeypatch.setattr(nvfp4_mma_experts, "expert_gate_up_mma",
+                        lambda *a, **k: calls.append(k.get("route") is not None) or real(*a, **k))
+    monkeypatch.setattr(router_norm, "router_norm",
+                        lambda *a, **k: quantized.append(k.get("quantize", False)) or real_router(*a, **k))
+    eng = _engine(quantized_ckpt, True, dtype=dtype)
+    on = eng.score(ids, prefill=24)
+    layers = len(eng.model.layers)
+    assert calls == [dtype == torch.bfloat16] * (2 * layers)  # 16-bit logits: the programs route themselves
+    assert quantized == ["hilo"] * (2 * layers)
+    assert torch.equal(on[:24], off[:24])
+    assert ((on[24:] - off[24:]).abs().max() / off[24:].abs().max()) < 1e-3
+    assert (on[24:].argmax(-1) == off[24:].argmax(-1)).all()
+    if dtype == torch.float32:
+        apart = _engine(quantized_ckpt, True, "copy-side", dtype=dtype).score(ids, prefill=24)
+        assert torch.equal(apart, on)

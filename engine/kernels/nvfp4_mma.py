@@ -49,12 +49,12 @@ QMAX = 32639  # the largest |q| whose high byte (q + 128) >> 8 is still an int8
 LM_HEAD = False
 
 
-def steps_groups(k: int) -> int:
-    """G, the 16-code groups a lane takes in one PTX block (its loads at once): 4, 2 or 1, whichever divides its
-    quarter's K / 64 groups."""
-    if k % 64:
-        raise ValueError(f"the MMA tile needs K a multiple of 64, got {k}")
-    q = k // 64
+def steps_groups(k: int, warps: int = 1) -> int:
+    """G, the 16-code groups a lane takes in one PTX block (its loads at once): 4, 2 or 1, whichever divides the
+    K / 64 W groups of its quarter of its warp's part."""
+    if k % (64 * warps):
+        raise ValueError(f"the MMA tile needs K a multiple of 64 x its {warps} warp(s), got {k}")
+    q = k // (64 * warps)
     return 4 if q % 4 == 0 else 2 if q % 2 == 0 else 1
 
 
@@ -131,12 +131,13 @@ QUAD_PTX = tl.constexpr("{ .reg .f32 t;\n"
 
 
 @triton.jit
-def lane_ids(DECODE: tl.constexpr):
-    """[32] int32: each element's lane. On the PTX path the hardware's %laneid, so that every operand a lane
-    computes from it is its own whatever layout Triton gives the tensor; in the interpreter, element e is lane e."""
-    e = tl.arange(0, 32)
+def thread_ids(W: tl.constexpr, DECODE: tl.constexpr):
+    """[32 W] int32: each element's thread in the program (W warps). On the PTX path the hardware's %tid.x, so
+    that every operand a thread computes from it is its own whatever layout Triton gives the tensor; in the
+    interpreter, element e is thread e."""
+    e = tl.arange(0, 32 * W)
     if DECODE == "asm":
-        return tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [e], dtype=tl.int32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r,r", [e], dtype=tl.int32, is_pure=True, pack=1)
     return e
 
 
@@ -188,41 +189,44 @@ def _step_plain(acc_r, acc_q, wr, wq, xq, K: tl.constexpr, sr, sq, xs, G: tl.con
 
 
 @triton.jit
-def _quad_sums(acc_r, acc_q, DECODE: tl.constexpr):
+def _quad_sums(acc_r, acc_q, W: tl.constexpr, DECODE: tl.constexpr):
     """(s0 + s1) + (s2 + s3) of each quad's quarter sums, for both rows: every lane of the quad on the PTX path,
-    lane 4g + t's element (any t) in the interpreter's [32]."""
+    thread 4q + t's element (any t) in the interpreter's [32 W]."""
     if DECODE == "asm":
         return tl.inline_asm_elementwise(QUAD_PTX, "=f,=f,f,f", [acc_r, acc_q], dtype=(tl.float32, tl.float32),
                                          is_pure=True, pack=1)
-    r01, r23 = tl.split(tl.reshape(acc_r, [8, 2, 2]).permute(0, 2, 1))  # [8, 2]: (s0, s1), (s2, s3)
-    q01, q23 = tl.split(tl.reshape(acc_q, [8, 2, 2]).permute(0, 2, 1))
+    QUADS: tl.constexpr = 8 * W
+    r01, r23 = tl.split(tl.reshape(acc_r, [QUADS, 2, 2]).permute(0, 2, 1))  # [quads, 2]: (s0, s1), (s2, s3)
+    q01, q23 = tl.split(tl.reshape(acc_q, [QUADS, 2, 2]).permute(0, 2, 1))
     r_quad = tl.sum(r01, axis=1) + tl.sum(r23, axis=1)  # two terms a sum: one order
     q_quad = tl.sum(q01, axis=1) + tl.sum(q23, axis=1)
-    four = tl.full([8, 4], 0, tl.int32)
-    return (tl.reshape(r_quad[:, None] + four.to(tl.float32), [32]),
-            tl.reshape(q_quad[:, None] + four.to(tl.float32), [32]))
+    four = tl.full([QUADS, 4], 0.0, tl.float32)
+    return tl.reshape(r_quad[:, None] + four, [32 * W]), tl.reshape(q_quad[:, None] + four, [32 * W])
 
 
 @triton.jit
-def tile_sums(w_r, w_q, s_r, s_q, hl_ptr, xs_ptr, zeros_ptr, tables_ptr, lane, K: tl.constexpr, G: tl.constexpr,
-              DECODE: tl.constexpr):
-    """(row r, row r8) fp32 [32] for lane (g, t) = (lane >> 2, lane & 3): the full sums over K of the 16-code
-    groups' (integer dot) * E4M3 scale * x's block scale, before the global scale. w_r / w_q: [32] pointers to
-    the first word of rows g / g + 8 (int32, K / 8 a row); s_r / s_q: their first scale bytes (K / 16 a row);
-    hl_ptr: x's high bytes [K] then low bytes [K] (quantize_hilo); xs_ptr: x's block scales [K / 16]."""
-    t = lane & 3
-    g = lane >> 2
+def tile_sums(w_r, w_q, s_r, s_q, hl_ptr, xs_ptr, zeros_ptr, tables_ptr, tid, K: tl.constexpr, G: tl.constexpr,
+              W: tl.constexpr, DECODE: tl.constexpr):
+    """(row r, row r8) fp32 [32 W] for thread tid of W warps, lane (g, t) = ((tid & 31) >> 2, tid & 3) of warp
+    p = tid >> 5: the sums over warp p's part of K (K / W codes: lane t's quarter of it, K / 4W) of the 16-code
+    groups' (integer dot) * E4M3 scale * x's block scale, before the global scale, the same in every lane of the
+    quad. w_r / w_q: pointers to the first word of rows g / g + 8 (int32, K / 8 a row); s_r / s_q: their first
+    scale bytes (K / 16 a row); hl_ptr: x's high bytes [K] then low bytes [K] (quantize_hilo); xs_ptr: x's block
+    scales [K / 16]. part_sums adds the warps' parts."""
+    t = tid & 3
+    g = (tid & 31) >> 2
+    at = (tid >> 5) * (K // W) + t * (K // (4 * W))  # the lane's first code
     loader = (g >> 1) == t  # lane (g, t) holds B's column g: x's bytes where g // 2 == t, zeros elsewhere
-    xq = hl_ptr + t * (K // 4)
+    xq = hl_ptr + at
     xb = tl.where(loader, xq + (g & 1) * K, zeros_ptr)
-    w_r, w_q = w_r + t * (K // 32), w_q + t * (K // 32)
-    s_r, s_q = s_r + t * (K // 64), s_q + t * (K // 64)
-    xs = xs_ptr + t * (K // 64)
-    t0 = tl.load(tables_ptr + 0 * lane)
-    t1 = tl.load(tables_ptr + 1 + 0 * lane)
-    acc_r = tl.zeros([32], dtype=tl.float32)
-    acc_q = tl.zeros([32], dtype=tl.float32)
-    for s in tl.static_range(K // 64 // G):
+    w_r, w_q = w_r + at // 8, w_q + at // 8
+    s_r, s_q = s_r + at // 16, s_q + at // 16
+    xs = xs_ptr + at // 16
+    t0 = tl.load(tables_ptr + 0 * tid)
+    t1 = tl.load(tables_ptr + 1 + 0 * tid)
+    acc_r = tl.zeros([32 * W], dtype=tl.float32)
+    acc_q = tl.zeros([32 * W], dtype=tl.float32)
+    for s in tl.static_range(K // (64 * W) // G):
         if DECODE == "asm":
             acc_r, acc_q = _step_asm(acc_r, acc_q, w_r + 2 * G * s, w_q + 2 * G * s,
                                      tl.where(loader, xb + 16 * G * s, xb), s_r + G * s, s_q + G * s, xs + G * s,
@@ -230,7 +234,25 @@ def tile_sums(w_r, w_q, s_r, s_q, hl_ptr, xs_ptr, zeros_ptr, tables_ptr, lane, K
         else:
             acc_r, acc_q = _step_plain(acc_r, acc_q, w_r + 2 * G * s, w_q + 2 * G * s, xq + 16 * G * s, K,
                                        s_r + G * s, s_q + G * s, xs + G * s, G)
-    return _quad_sums(acc_r, acc_q, DECODE)
+    return _quad_sums(acc_r, acc_q, W, DECODE)
+
+
+@triton.jit
+def part_sums(acc, W: tl.constexpr):
+    """[32] of the W warps' [32 W] parts (element e = thread e, the layout the tile's code checks): w0 for one
+    warp, w0 + w1 for two, (w0 + w1) + (w2 + w3) for four."""
+    if W == 1:
+        total = acc
+    elif W == 2:
+        a, b = tl.split(tl.reshape(acc, [2, 32]).permute(1, 0))
+        total = a + b
+    else:
+        ab = tl.reshape(acc, [2, 2, 32]).permute(2, 0, 1)  # [32, pair, warp in the pair]
+        first, second = tl.split(ab)  # [32, pair]: w0, w2 / w1, w3
+        w0, w2 = tl.split(first)
+        w1, w3 = tl.split(second)
+        total = (w0 + w1) + (w2 + w3)
+    return total
 
 
 @triton.jit
@@ -238,17 +260,38 @@ def gemv_mma_kernel(w_ptr, s_ptr, g_ptr, hl_ptr, xs_ptr, zeros_ptr, tables_ptr, 
                     G: tl.constexpr, DECODE: tl.constexpr, OUT_BF16: tl.constexpr, USE_GDC: tl.constexpr = False):
     """Tile pid: rows 16 pid ... 16 pid + 15 (rows past N read row N - 1 and are not stored)."""
     gdc_prologue(USE_GDC)  # PDL: x's bytes and scales are the previous kernel's output
-    lane = lane_ids(DECODE)
-    row_r = tl.program_id(0) * 16 + (lane >> 2)
+    tid = thread_ids(1, DECODE)
+    row_r = tl.program_id(0) * 16 + (tid >> 2)
     row_q = row_r + 8
     r = tl.minimum(row_r, N - 1).to(tl.int64)
     q = tl.minimum(row_q, N - 1).to(tl.int64)
     acc_r, acc_q = tile_sums(w_ptr + r * (K // 8), w_ptr + q * (K // 8), s_ptr + r * (K // 16),
-                             s_ptr + q * (K // 16), hl_ptr, xs_ptr, zeros_ptr, tables_ptr, lane, K, G, DECODE)
-    glob = tl.load(g_ptr + 0 * lane) * 0.5  # the codes count double
-    first = (lane & 3) == 0
+                             s_ptr + q * (K // 16), hl_ptr, xs_ptr, zeros_ptr, tables_ptr, tid, K, G, 1, DECODE)
+    glob = tl.load(g_ptr + 0 * tid) * 0.5  # the codes count double
+    first = (tid & 3) == 0
     _store_exact(out_ptr + row_r, acc_r * glob, first & (row_r < N), OUT_BF16)
     _store_exact(out_ptr + row_q, acc_q * glob, first & (row_q < N), OUT_BF16)
+
+
+@triton.jit
+def _hilo_block(x, inv):
+    """(hi, lo) int32 of x * inv quantized: q = floor(x inv + 0.5), hi = (q + 128) >> 8, lo = q - 256 hi."""
+    q = tl.floor(x * inv + 0.5).to(tl.int32)
+    hi = (q + 128) >> 8
+    return hi, q - hi * 256
+
+
+@triton.jit
+def quantize_row_block_hilo(row, b, hl_ptr, scales_ptr, K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Block b of a row held in registers (fp32 [BLOCK_H], zeros past its end) through quantize_hilo's arithmetic,
+    so that the programs of a launch that all hold the row (router_norm's) each store their own blocks."""
+    cols = tl.arange(0, BLOCK_H)
+    in_block = cols // 16 == b
+    amax = tl.max(tl.abs(tl.where(in_block, row, 0.0)), axis=0)
+    hi, lo = _hilo_block(row, tl.math.div_rn(32639.0, tl.where(amax > 0, amax, 1.0)))
+    tl.store(hl_ptr + cols, hi.to(tl.int8), mask=in_block)
+    tl.store(hl_ptr + K + cols, lo.to(tl.int8), mask=in_block)
+    tl.store(scales_ptr + b, tl.math.div_rn(amax, 32639.0))
 
 
 @triton.jit
@@ -262,13 +305,10 @@ def quantize_hilo_kernel(x_ptr, hl_ptr, scales_ptr, K, BLOCK_G: tl.constexpr, US
     cols = g[:, None] * 16 + tl.arange(0, 16)[None, :]
     x = tl.load(x_ptr + cols, mask=mask_g[:, None], other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.math.div_rn(amax, 32639.0)
-    inv = tl.math.div_rn(32639.0, tl.where(amax > 0, amax, 1.0))
-    q = tl.floor(x * inv[:, None] + 0.5).to(tl.int32)
-    hi = (q + 128) >> 8
+    hi, lo = _hilo_block(x, tl.math.div_rn(32639.0, tl.where(amax > 0, amax, 1.0))[:, None])
     tl.store(hl_ptr + cols, hi.to(tl.int8), mask=mask_g[:, None])
-    tl.store(hl_ptr + K + cols, (q - hi * 256).to(tl.int8), mask=mask_g[:, None])
-    tl.store(scales_ptr + g, scale, mask=mask_g)
+    tl.store(hl_ptr + K + cols, lo.to(tl.int8), mask=mask_g[:, None])
+    tl.store(scales_ptr + g, tl.math.div_rn(amax, 32639.0), mask=mask_g)
 
 
 def hilo_buffers(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

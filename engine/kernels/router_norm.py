@@ -26,6 +26,7 @@ import triton.language as tl
 from .decode_norm import _add_rms_norm_row, round_code
 from .launch import gdc_prologue, pdl_launch
 from .nvfp4_int_dot import quantize_row_block, x16_buffers
+from .nvfp4_mma import hilo_buffers, quantize_row_block_hilo
 from .nvfp4_triton import _store_exact, exact_out
 
 FUSED = True  # measured: docs/RESULTS.md session 11 call 2 (the profile_decode arm "routernorm")
@@ -40,7 +41,8 @@ def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, rout
                        USE_GDC: tl.constexpr = False, pairs_ptr=None, scales_ptr=None, QUANT: tl.constexpr = False):
     """Program pid: rows pid * BLOCK_N ... of [router (E rows) | shared gate (row E)] times the normed row;
     program 0 also stores the new residual and the normed row (int16 views for bf16); QUANT: the programs store
-    the normed row's nvfp4_int_dot int16 blocks pid, pid + programs, ... (the integer gate/up's input)."""
+    the normed row's nvfp4_int_dot int16 blocks pid, pid + programs, ... (the integer gate/up's input); QUANT 2:
+    nvfp4_mma's high / low bytes of them instead (pairs_ptr: int8 [2 K]; the tensor-core gate/up's input)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows <= E
@@ -58,16 +60,20 @@ def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, rout
     if QUANT:  # each program its share of the blocks (at the real size one each), not program 0 all of them
         # pairs_ptr: the pairs as int16
         for b in range(pid, K // 16, tl.num_programs(0)):
-            quantize_row_block(normed, b, pairs_ptr, scales_ptr, BLOCK_H)
+            if QUANT == 2:
+                quantize_row_block_hilo(normed, b, pairs_ptr, scales_ptr, K, BLOCK_H)
+            else:
+                quantize_row_block(normed, b, pairs_ptr, scales_ptr, BLOCK_H)
 
 
 def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps: float, router_w: torch.Tensor,
-                shared_gate: torch.Tensor, *, num_warps: int | None = None, quantize: bool = False) -> tuple:
+                shared_gate: torch.Tensor, *, num_warps: int | None = None, quantize: bool | str = False) -> tuple:
     """x, delta [1, K] (the residual, the mixer's projected output), norm_w [K]; router_w [E, K] and shared_gate
     [1, K] plain tensors of x's dtype -> (new_x [1, K], normed [1, K], logits [1, E + 1]): add_rms_norm(x, delta,
     norm_w, eps)'s bytes (an ulp of rstd on a GPU), then gemv_multi(normed, [router_w, shared_gate]) within the
     rounding of another summation order (see above). One launch, no host sync. quantize (K a multiple of 16):
-    also normed as nvfp4_int_dot.quantize_x16's (pairs, scales), a fourth result."""
+    also normed as nvfp4_int_dot.quantize_x16's (pairs, scales), a fourth result; "hilo": as nvfp4_mma.
+    quantize_hilo's (bytes, scales)."""
     k = x.shape[-1]
     for name, t in (("x", x), ("delta", delta)):
         if t.shape != (1, k) or t.stride(-1) != 1:
@@ -86,11 +92,13 @@ def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps:
     new_x = torch.empty(1, k, device=x.device, dtype=x.dtype)
     normed = torch.empty(1, k, device=x.device, dtype=x.dtype)
     logits = torch.empty(1, e + 1, device=x.device, dtype=x.dtype)
-    xq = x16_buffers(k, x.device) if quantize else (None, None)
+    hilo = quantize == "hilo"
+    xq = (hilo_buffers if hilo else x16_buffers)(k, x.device) if quantize else (None, None)
     router_norm_kernel[(triton.cdiv(e + 1, block_n),)](
         x, delta.contiguous(), norm_w, exact_out(new_x), exact_out(normed), router_w.contiguous(),
         shared_gate.contiguous(), exact_out(logits), e, eps,
         K=k, BLOCK_H=triton.next_power_of_2(k), BLOCK_N=block_n, ROUND=round_code(x.dtype),
-        num_warps=num_warps or 2, **pdl_launch(x.device), pairs_ptr=xq[0].view(torch.int16) if quantize else None,
-        scales_ptr=xq[1], QUANT=quantize)
+        num_warps=num_warps or 2, **pdl_launch(x.device),
+        pairs_ptr=None if not quantize else xq[0] if hilo else xq[0].view(torch.int16), scales_ptr=xq[1],
+        QUANT=2 if hilo else bool(quantize))
     return (new_x, normed, logits, xq) if quantize else (new_x, normed, logits)

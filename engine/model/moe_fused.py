@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from ..kernels import (gemv_norm, nvfp4_experts_parts, nvfp4_int_dot, nvfp4_int_experts,
+from ..kernels import (gemv_norm, nvfp4_experts_parts, nvfp4_int_dot, nvfp4_int_experts, nvfp4_mma,
+                       nvfp4_mma_experts,
                        parts_norm, router_gemv, router_norm, slot_ensure)
 from ..kernels.decode_fused import route_topk
 from ..kernels.gemv_multi import gemv_multi
@@ -98,7 +99,7 @@ def _route_with_norm(moe: "SparseMoE", pending: tuple, drop_route: bool = False)
     experts' gate/up takes them (_int_gate_up), else None; route: route= for a later launch that does
     route_topk's work, the integer gate/up's (routes_itself) or the slot cache's ensure (routes_in_ensure), else
     None; weights, ids and shared_scale are then the empty tensors it fills."""
-    quantize = _int_gate_up(moe)
+    quantize = ("hilo" if _mma_gate_up(moe, pending[0]) else True) if _int_gate_up(moe) else False
     out = router_norm.router_norm(*pending, moe.router_w, moe.shared_gate, quantize=quantize)
     new_x, h, router_logits = out[:3]
     xq = out[3] if quantize else None
@@ -137,6 +138,12 @@ def _int_gate_up(moe: "SparseMoE") -> bool:
     return nvfp4_int_experts.ON and moe.experts.fmt == "nvfp4" and moe.hidden % 16 == 0
 
 
+def _mma_gate_up(moe: "SparseMoE", x: torch.Tensor) -> bool:
+    """The integer gate/up on the tensor cores (nvfp4_mma_experts.ON) for this layer: x then comes as its high
+    and low bytes (nvfp4_mma.quantize_hilo), not as int16 pairs."""
+    return _int_gate_up(moe) and nvfp4_mma_experts.takes(moe.hidden, x.device)
+
+
 def moe_decode(moe: "SparseMoE", h: torch.Tensor | None, trace_ids: torch.Tensor | None = None,
                next_norm: tuple | None = None, pending: tuple | None = None, defer_norm: bool = False,
                drop_route: bool = False):
@@ -163,6 +170,11 @@ def _gate_up(moe: "SparseMoE", h: torch.Tensor, ids: torch.Tensor, rows: torch.T
     """expert_gate_up's act: as integer dots where xq (h's int16 blocks, _int_gate_up) is given, else the float
     kernel. route: the integer launch's programs route themselves (routes_itself; ids are then route's, filled by
     it), with a benchmark's trace_ids as their rows where given."""
+    if xq is not None and _mma_gate_up(moe, h):  # xq: h's high / low bytes
+        if route is not None:
+            return nvfp4_mma_experts.expert_gate_up_mma(h, trace_ids, rows, moe.hidden, moe.inter, extra, xq=xq,
+                                                        route=route)
+        return nvfp4_mma_experts.expert_gate_up_mma(h, ids, rows, moe.hidden, moe.inter, extra, xq=xq)
     if route is not None:
         return nvfp4_int_experts.expert_gate_up_int(h, trace_ids, rows, moe.hidden, moe.inter, extra, xq=xq,
                                                     route=route)
@@ -188,7 +200,7 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
     cfg_h, cfg_i = moe.hidden, moe.inter
     if moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe):
         if xq is None and _int_gate_up(moe):  # no router_norm launch made them: one launch here
-            xq = nvfp4_int_dot.quantize_x16(h.reshape(-1))
+            xq = (nvfp4_mma.quantize_hilo if _mma_gate_up(moe, h) else nvfp4_int_dot.quantize_x16)(h.reshape(-1))
         gate, up, down_extra = nvfp4_triples(*moe.shared)
         gate_up_extra = gate + up
         rows = expert_weights[0]
