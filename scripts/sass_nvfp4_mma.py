@@ -52,8 +52,8 @@ def compile_experts_sm90(warps: int, route: bool = True):
     sig = {name: EXPERT_TYPES.get(name, "constexpr") for name in fn.arg_names}
     consts = dict(H=2048, K_ROUTED=8, HAS_EXTRA=True, G=nm.steps_groups(2048, warps), W=warps, DECODE="asm",
                   USE_GDC=True)
-    if route:
-        consts.update(ROUTE=1, BLOCK_E=256, KP=8, F16=False, W_BF16=True)
+    if route:  # as expert_gate_up_mma launches it for 256 experts, top-8: every warp finds its rank alone
+        consts.update(ROUTE=1, BLOCK_E=256, KP=8, F16=False, W_BF16=True, WARP_ROUTE=True)
     else:
         for name in ("logits_ptr", "E", "wts_out_ptr", "ids_out_ptr", "shared_out_ptr"):
             sig[name] = "constexpr"

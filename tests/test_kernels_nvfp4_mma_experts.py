@@ -93,3 +93,31 @@ def test_the_ptx_tiles_give_the_plain_paths_bytes_at_the_real_geometry(warps):
     assert torch.equal(a, expert_gate_up_mma(x, ids_t, rows, 2048, 512, extra, warps=warps, decode="plain"))
     ref = expert_gate_up_reference(x.cpu(), ids_t.cpu(), rows.cpu(), 2048, 512, tuple(t.cpu() for t in extra))
     assert ((a.cpu() - ref).abs().max() / ref.abs().max()) < 5e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX path needs a CUDA GPU (the GPU tier)")
+@pytest.mark.parametrize("warps", [1, 4])
+def test_every_warp_finds_its_rank_alone_as_route_topk_does(warps):
+    """WARP_ROUTE (256 experts, top-8): each warp's REDUX rounds (route_keys.RANK_KEY_PTX) give route_topk's ids,
+    so the plain path's bytes, and route_topk's outs from the shared expert's program; ties and negative logits
+    included."""
+    from qwenlocal.engine.quant.nvfp4_rows import padded_rows
+
+    experts, k = 256, 8
+    x, _, _, rows, shared, _, _ = _dev(*_problem(2048, 512, 12, [0] * k, 6, torch.bfloat16))
+    rows = padded_rows(rows, 2048, 512)
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(experts + 1, generator=gen).to(torch.bfloat16)
+    logits[[3, 77, 200]] = logits.max()  # a tie at the top: the lowest id first
+    logits[5] = -0.0
+    logits = logits.cuda()
+    ids_rows = torch.randint(0, 12, (experts,), generator=gen)  # experts mapped onto the 12 rows made here
+    wide = rows[ids_rows.cuda()]  # [256, row]: expert e's row
+    weights, ids, shared_scale = route_topk(logits, experts, k, torch.bfloat16)
+    extra = shared[0] + shared[1]
+    outs = [(torch.empty_like(weights), torch.full_like(ids, -1), torch.empty_like(shared_scale)) for _ in range(2)]
+    asm = expert_gate_up_mma(x, None, wide, 2048, 512, extra, warps=warps, decode="asm",
+                             route=(logits, experts, *outs[0]))
+    plain = expert_gate_up_mma(x, ids, wide, 2048, 512, extra, warps=warps, decode="plain")
+    assert torch.equal(outs[0][1], ids) and torch.equal(outs[0][0], weights)
+    assert torch.equal(asm, plain)

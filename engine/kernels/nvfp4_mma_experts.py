@@ -28,7 +28,7 @@ from .nvfp4_experts_decode import _check, _matrix, _row_offsets
 from .nvfp4_int_dot import tables
 from .nvfp4_mma import check_alignment, gemv_mma_reference, part_sums, quantize_hilo, steps_groups, thread_ids, \
     tile_sums, zeros
-from .route_keys import route_args, routed_expert, store_route
+from .route_keys import WARP_EXPERTS, route_args, routed_expert, routed_expert_warps, store_route
 from ..quant.nvfp4_rows import unpack_nvfp4_expert
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_mma (moe_fused._gate_up), x's bytes from the
@@ -52,17 +52,24 @@ def expert_gate_up_mma_kernel(hl_ptr, xs_ptr, zeros_ptr, tables_ptr, ids_ptr, wo
                               DECODE: tl.constexpr, USE_GDC: tl.constexpr = False, logits_ptr=None, E=0,
                               wts_out_ptr=None, ids_out_ptr=None, shared_out_ptr=None, ROUTE: tl.constexpr = 0,
                               BLOCK_E: tl.constexpr = 32, KP: tl.constexpr = 1, F16: tl.constexpr = False,
-                              W_BF16: tl.constexpr = True):
+                              W_BF16: tl.constexpr = True, WARP_ROUTE: tl.constexpr = False):
     """Program (j, t): expert j (0..k-1 routed, k the extra one), outputs 8 t ... 8 t + 7 of its act. ROUTE as
     expert_gate_up_int_kernel's: the routed programs find their expert (rank j of the router's 16-bit logits),
-    program (0, 0) stores route_topk's outputs; ROUTE 2: a benchmark trace's rows."""
+    program (k, 0) (the shared expert's; (0, 0) without one) stores route_topk's outputs; ROUTE 2: a benchmark
+    trace's rows. WARP_ROUTE (E <= 256, k <= 8):
+    the rank found by every warp alone (route_keys.routed_expert_warps)."""
     gdc_prologue(USE_GDC)  # PDL: x's bytes and the ids are the previous kernels' outputs
     j = tl.program_id(0)
     e_routed = tl.zeros([], dtype=tl.int64)
     if ROUTE > 0:
         if j < K_ROUTED:
-            e_routed = routed_expert(logits_ptr, E, j, BLOCK_E, ids_ptr, ROUTE == 2)  # 2: the trace's row
-        if j + tl.program_id(1) == 0:
+            if WARP_ROUTE:  # each warp alone (REDUX a round), not a cross-warp max and barrier a round
+                e_routed = routed_expert_warps(logits_ptr, E, j, W, DECODE, ids_ptr, ROUTE == 2)
+            else:
+                e_routed = routed_expert(logits_ptr, E, j, BLOCK_E, ids_ptr, ROUTE == 2)  # 2: the trace's row
+        # route_topk's outs from a program that does not route itself (the shared expert's first) where there is
+        # one: at W warps store_route's rounds take a cross-warp max and a barrier each
+        if (j == (K_ROUTED if HAS_EXTRA else 0)) & (tl.program_id(1) == 0):
             store_route(logits_ptr, wts_out_ptr, ids_out_ptr, shared_out_ptr, E, K_ROUTED, KP, BLOCK_E, F16, W_BF16)
     gate_w, up_w, gate_s, up_s, g_gate, g_up = gate_up_pointers(
         ids_ptr, words_ptr, bytes_ptr, H, I, row_words, gu_scale_at, glob_at, xg_w, xg_s, xg_g, xu_w, xu_s, xu_g, j,
@@ -93,6 +100,7 @@ def expert_gate_up_mma(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
     routing = route_args(route, ids)
     if route is not None:
         routing["KP"] = triton.next_power_of_2(route[3].shape[-1])
+        routing["WARP_ROUTE"] = route[1] <= WARP_EXPERTS and route[3].shape[-1] <= 8
         ids = ids if ids is not None else route[3]
     k = ids.shape[-1]
     n = k + (extra is not None)

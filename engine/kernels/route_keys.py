@@ -67,6 +67,61 @@ def route_rank_key(logits_ptr, E, j, BLOCK_E: tl.constexpr, L2_ONLY: tl.constexp
     return tl.max(keys, axis=0)
 
 
+def _rank_key_ptx(rounds: int) -> str:
+    """The PTX of route_rank_key in one warp, for up to 256 experts: lane l holds experts 8 l ... 8 l + 7 (keys as
+    _keys makes them, NONE past E), `rounds` rounds of removing the warp's largest key where the round is below the
+    rank j, then the largest: REDUX.MAX over each lane's own maximum, no shared memory, no barrier. $0: the key;
+    $1: the logits (16-bit), $2: E, $3: j."""
+    keys = ", ".join(f"k{i}" for i in range(8))
+    out = ["{ .reg .b32 " + keys + ", base, id, b, t, m, lane, none, half;",
+           ".reg .b64 a; .reg .b16 h; .reg .pred v, p, q, live;",
+           "mov.u32 lane, %laneid; shl.b32 base, lane, 3; mov.b32 none, 0x80000000; mov.b32 half, 0x8000;"]
+    for i in range(8):  # 0xFFFF - id as id ^ 0xFFFF (ids < 0x10000); mono = 0x8000 - bits for negative logits
+        out.append(f"add.u32 id, base, {i}; setp.lt.u32 v, id, $2; mov.b32 k{i}, none;")
+        out.append("@v mad.wide.u32 a, id, 2, $1; @v ld.global.u16 h, [a]; @v cvt.u32.u16 b, h;")
+        out.append("@v setp.ge.u32 p, b, half; @v sub.s32 t, half, b; @v selp.b32 b, t, b, p;")
+        out.append(f"@v shl.b32 b, b, 16; @v xor.b32 t, id, 0xFFFF; @v or.b32 k{i}, b, t;")
+
+    def warp_max():
+        chain = ["max.s32 m, k0, k1;"] + [f"max.s32 m, m, k{i};" for i in range(2, 8)]
+        return chain + ["redux.sync.max.s32 m, m, 0xffffffff;"]
+    for r in range(rounds):
+        out += warp_max() + [f"setp.gt.u32 live, $3, {r};"]  # the round is below the rank
+        for i in range(8):
+            out.append(f"setp.eq.and.s32 q, k{i}, m, live; selp.b32 k{i}, none, k{i}, q;")
+    out += warp_max() + ["mov.b32 $0, m; }"]
+    return "\n".join(out)
+
+
+RANK_KEY_PTX = tl.constexpr(_rank_key_ptx(7))  # ranks 0..7: top-8 (the real model's), fewer rounds never needed
+WARP_EXPERTS = 256  # the most experts RANK_KEY_PTX's lanes hold (8 a lane)
+
+
+@triton.jit
+def route_rank_key_warps(logits_ptr, E, j, W: tl.constexpr, DECODE: tl.constexpr):
+    """route_rank_key's key for a program of W warps without a cross-warp max a round: on the PTX path every warp
+    finds it alone (RANK_KEY_PTX, E <= 256, j <= 7), and one max over the warps' equal keys makes it a scalar; in
+    the interpreter route_rank_key itself. The same keys and integer maxima, so the same key."""
+    if DECODE == "asm":
+        lanes = tl.arange(0, 32 * W)
+        key = tl.inline_asm_elementwise(RANK_KEY_PTX, "=r,l,r,r", [logits_ptr + 0 * lanes, E + 0 * lanes,
+                                                                   j + 0 * lanes],
+                                        dtype=tl.int32, is_pure=False, pack=1)  # its loads after the PDL wait
+        return tl.max(key, axis=0)
+    return route_rank_key(logits_ptr, E, j, 256)
+
+
+@triton.jit
+def routed_expert_warps(logits_ptr, E, j, W: tl.constexpr, DECODE: tl.constexpr, ids_ptr, TRACE: tl.constexpr):
+    """routed_expert's expert (int64) through route_rank_key_warps (E <= WARP_EXPERTS, j <= 7); with TRACE the
+    trace's row ids[j], the rank still found."""
+    key = route_rank_key_warps(logits_ptr, E, j, W, DECODE)
+    e = _id(key).to(tl.int64)
+    if TRACE:
+        e = tl.where(key == -2147483647, e, tl.load(ids_ptr + j).to(tl.int64))
+    return e
+
+
 @triton.jit
 def routed_expert(logits_ptr, E, j, BLOCK_E: tl.constexpr, ids_ptr, TRACE: tl.constexpr,
                   L2_ONLY: tl.constexpr = False):
