@@ -235,20 +235,23 @@ def tables(device: torch.device) -> torch.Tensor:
 E2M1_X2 = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int64)
 
 
-def quantize_x16_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_x16 in torch: (q as int64 [K], fp32 scales [K / 16])."""
+def quantize_x16_reference(x: torch.Tensor, qmax: int = 32767) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_x16 in torch: (q as int64 [K], fp32 scales [K / 16]); qmax: the blocks' largest |q| (32767 here,
+    nvfp4_mma.QMAX there)."""
     xb = x.float().reshape(-1, 16)
     amax = xb.abs().amax(dim=1)
-    scale = amax / 32767.0
+    scale = amax / float(qmax)
     # tensor / tensor: correctly rounded (torch turns scalar / tensor into a reciprocal times the scalar)
-    inv = torch.full_like(amax, 32767.0) / torch.where(amax > 0, amax, torch.ones_like(amax))
+    inv = torch.full_like(amax, float(qmax)) / torch.where(amax > 0, amax, torch.ones_like(amax))
     q = torch.floor(xb * inv[:, None] + 0.5).to(torch.int64)
     return q.reshape(-1), scale
 
 
-def gemv_int_reference(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x: torch.Tensor):
-    """gemv_int's arithmetic in torch (fp32 [N]): exact integer group sums, then the scaled fp32 sum."""
-    q, xs = quantize_x16_reference(x)
+def gemv_int_reference(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x: torch.Tensor,
+                       qmax: int = 32767):
+    """gemv_int's arithmetic in torch (fp32 [N]): exact integer group sums, then the scaled fp32 sum (x's blocks
+    to qmax, see quantize_x16_reference)."""
+    q, xs = quantize_x16_reference(x, qmax)
     n = packed.shape[0]
     codes = torch.stack([packed.long() & 15, packed.long() >> 4], dim=-1).reshape(n, -1)  # element 2i low nibble
     isum = (E2M1_X2.to(packed.device)[codes] * q[None, :]).reshape(n, -1, 16).sum(dim=2)

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from .launch import gdc_prologue, pdl_launch
-from .nvfp4_int_dot import E2M1_X2, _e2m1_int, tables
+from .nvfp4_int_dot import _e2m1_int, gemv_int_reference, quantize_x16_reference, tables
 from .nvfp4_triton import _store_exact, exact_out
 
 QMAX = 32639  # the largest |q| whose high byte (q + 128) >> 8 is still an int8
@@ -382,21 +382,11 @@ def gemv_mma(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x:
 
 
 def quantize_hilo_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_hilo in torch: (q as int64 [K], fp32 scales [K / 16])."""
-    xb = x.float().reshape(-1, 16)
-    amax = xb.abs().amax(dim=1)
-    scale = amax / float(QMAX)
-    inv = torch.full_like(amax, float(QMAX)) / torch.where(amax > 0, amax, torch.ones_like(amax))
-    q = torch.floor(xb * inv[:, None] + 0.5).to(torch.int64)
-    return q.reshape(-1), scale
+    """quantize_hilo in torch: (q = 256 hi + lo as int64 [K], fp32 scales [K / 16])."""
+    return quantize_x16_reference(x, QMAX)
 
 
 def gemv_mma_reference(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x: torch.Tensor):
     """gemv_mma's arithmetic in torch (fp32 [N]): exact integer group sums, each times (E4M3 scale * x's block
-    scale), summed in fp32 (in torch's order, not the tile's)."""
-    q, xs = quantize_hilo_reference(x)
-    n = packed.shape[0]
-    codes = torch.stack([packed.long() & 15, packed.long() >> 4], dim=-1).reshape(n, -1)  # element 2i low nibble
-    isum = (E2M1_X2.to(packed.device)[codes] * q[None, :]).reshape(n, -1, 16).sum(dim=2)
-    sc = scale.view(torch.float8_e4m3fn).float() * xs[None, :]
-    return (isum.float() * sc).sum(dim=1) * (scale2.float().reshape(()) * 0.5)
+    scale), summed in fp32 (in torch's order, not the tile's): gemv_int's with x's blocks to QMAX."""
+    return gemv_int_reference(packed, scale, scale2, x, QMAX)

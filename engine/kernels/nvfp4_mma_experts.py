@@ -18,7 +18,6 @@ Reference: expert_gate_up_mma_reference (the same integers; the fp32 sums in tor
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -26,10 +25,9 @@ from .launch import gdc_prologue, pdl_launch
 from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
 from .nvfp4_int_dot import tables
-from .nvfp4_mma import check_alignment, gemv_mma_reference, part_sums, quantize_hilo, steps_groups, thread_ids, \
-    tile_sums, zeros
+from .nvfp4_int_experts import expert_gate_up_int_reference
+from .nvfp4_mma import QMAX, check_alignment, part_sums, quantize_hilo, steps_groups, thread_ids, tile_sums, zeros
 from .route_keys import WARP_EXPERTS, route_args, routed_expert, routed_expert_warps, store_route
-from ..quant.nvfp4_rows import unpack_nvfp4_expert
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_mma (moe_fused._gate_up), x's bytes from the
 # router's launch. Off until its GPU A/B (profile_decode arm "gumma"): act within x's int16 blocks of the integer
@@ -131,14 +129,5 @@ def expert_gate_up_mma(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
 
 def expert_gate_up_mma_reference(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                                  extra: tuple | None = None) -> torch.Tensor:
-    """expert_gate_up_mma's arithmetic in torch: each expert's gate and up through gemv_mma_reference."""
-    xf = x.reshape(-1)
-    mats = [unpack_nvfp4_expert(rows[e], hidden, inter)[:2] for e in ids.reshape(-1).tolist()]
-    if extra is not None:
-        mats.append((tuple(extra[:3]), tuple(extra[3:])))
-    act = []
-    for (gp, gs, gg), (upk, us, ug) in mats:
-        g = gemv_mma_reference(gp, gs.view(torch.uint8), gg, xf)
-        u = gemv_mma_reference(upk, us.view(torch.uint8), ug, xf)
-        act.append(F.silu(g) * u)
-    return torch.stack(act)
+    """expert_gate_up_mma's arithmetic in torch: the integer kernel's reference with x's blocks to nvfp4_mma.QMAX."""
+    return expert_gate_up_int_reference(x, ids, rows, hidden, inter, extra, QMAX)
