@@ -162,25 +162,14 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
     the shared expert's words and x's pairs 16-byte aligned (the engine's containers are)."""
     if block_n is None:
         block_n = BLOCK_N_GPU if rows.is_cuda else min(64, triton.next_power_of_2(inter))
-    words = _check(rows, hidden, inter)
     if hidden % 16:
         raise ValueError(f"hidden must be a multiple of 16, got {hidden}")
-    routing = route_args(route, ids)
-    if route is not None:
-        routing["KP"] = triton.next_power_of_2(route[3].shape[-1])
-        ids = ids if ids is not None else route[3]
+    words, ids, routing, out, gate, up = launch_operands(ids, rows, hidden, inter, extra, out, route)
     k = ids.shape[-1]
     n = k + (extra is not None)
     pairs, xs = xq if xq is not None else quantize_x16(x.reshape(-1))
     if pairs.numel() != hidden // 2 or xs.numel() != hidden // 16:
         raise ValueError(f"xq must be quantize_x16 of {hidden} values, got {pairs.numel()} pairs")
-    if out is None:
-        out = torch.empty(n, inter, device=rows.device, dtype=torch.float32)
-    elif out.shape != (n, inter) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be fp32 [{n}, {inter}] contiguous, got {tuple(out.shape)} {out.dtype}")
-    gate = up = (words, rows, out)  # unused stand-ins of the right pointer types
-    if extra is not None:
-        gate, up = _matrix(*extra[:3]), _matrix(*extra[3:])
     groups = GROUPS if groups is None else groups
     decode = decode or ("asm" if rows.is_cuda else "plain")
     if groups and decode == "asm":
@@ -198,6 +187,27 @@ def expert_gate_up_int(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
         DECODE=decode, num_warps=num_warps, GROUPS=groups, **routing, **pdl_launch(rows.device),
         **({"maxnreg": GROUPS_MAXNREG} if groups and block_n == 1 and rows.is_cuda else {}))
     return out
+
+
+def launch_operands(ids: torch.Tensor | None, rows: torch.Tensor, hidden: int, inter: int, extra: tuple | None,
+                    out: torch.Tensor | None, route: tuple | None) -> tuple:
+    """What an experts' gate/up launch takes beside x, checked (the integer kernels' and nvfp4_mma_experts'):
+    (rows as words, the ids (route's outs where the programs route themselves), route's keyword arguments, act's
+    fp32 [k (+1), I] out, the shared expert's gate and up as the kernels read them, or stand-ins)."""
+    words = _check(rows, hidden, inter)
+    routing = route_args(route, ids)
+    if route is not None:
+        routing["KP"] = triton.next_power_of_2(route[3].shape[-1])
+        ids = ids if ids is not None else route[3]
+    n = ids.shape[-1] + (extra is not None)
+    if out is None:
+        out = torch.empty(n, inter, device=rows.device, dtype=torch.float32)
+    elif out.shape != (n, inter) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be fp32 [{n}, {inter}] contiguous, got {tuple(out.shape)} {out.dtype}")
+    gate = up = (words, rows, out)  # unused stand-ins of the right pointer types
+    if extra is not None:
+        gate, up = _matrix(*extra[:3]), _matrix(*extra[3:])
+    return words, ids, routing, out, gate, up
 
 
 def _check_group_alignment(rows: torch.Tensor, pairs: torch.Tensor, *words: torch.Tensor) -> None:

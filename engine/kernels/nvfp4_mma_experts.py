@@ -23,11 +23,11 @@ import triton.language as tl
 
 from .launch import gdc_prologue, pdl_launch
 from .nvfp4_expert_rows import gate_up_pointers
-from .nvfp4_experts_decode import _check, _matrix, _row_offsets
+from .nvfp4_experts_decode import _row_offsets
 from .nvfp4_int_dot import tables
-from .nvfp4_int_experts import expert_gate_up_int_reference
+from .nvfp4_int_experts import expert_gate_up_int_reference, launch_operands
 from .nvfp4_mma import QMAX, check_alignment, part_sums, quantize_hilo, steps_groups, thread_ids, tile_sums, zeros
-from .route_keys import WARP_EXPERTS, route_args, routed_expert, routed_expert_warps, store_route
+from .route_keys import WARP_EXPERTS, routed_expert, routed_expert_warps, store_route
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_mma (moe_fused._gate_up), x's bytes from the
 # router's launch. Off until its GPU A/B (profile_decode arm "gumma"): act within x's int16 blocks of the integer
@@ -94,24 +94,14 @@ def expert_gate_up_mma(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
     route: as expert_gate_up_int's (the routed programs find their experts and fill route_topk's outs)."""
     warps = warps or (WARPS if rows.is_cuda else 1)
     G = steps_groups(hidden, warps)
-    words = _check(rows, hidden, inter)
-    routing = route_args(route, ids)
+    words, ids, routing, out, gate, up = launch_operands(ids, rows, hidden, inter, extra, out, route)
     if route is not None:
-        routing["KP"] = triton.next_power_of_2(route[3].shape[-1])
-        routing["WARP_ROUTE"] = route[1] <= WARP_EXPERTS and route[3].shape[-1] <= 8
-        ids = ids if ids is not None else route[3]
+        routing["WARP_ROUTE"] = route[1] <= WARP_EXPERTS and ids.shape[-1] <= 8
     k = ids.shape[-1]
     n = k + (extra is not None)
     hl, xs = xq if xq is not None else quantize_hilo(x.reshape(-1))
     if hl.numel() != 2 * hidden or xs.numel() != hidden // 16:
         raise ValueError(f"xq must be quantize_hilo of {hidden} values, got {hl.numel()} bytes")
-    if out is None:
-        out = torch.empty(n, inter, device=rows.device, dtype=torch.float32)
-    elif out.shape != (n, inter) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be fp32 [{n}, {inter}] contiguous, got {tuple(out.shape)} {out.dtype}")
-    gate = up = (words, rows, out)  # unused stand-ins of the right pointer types
-    if extra is not None:
-        gate, up = _matrix(*extra[:3]), _matrix(*extra[3:])
     decode = decode or ("asm" if rows.is_cuda else "plain")
     if decode == "asm":
         if rows.stride(0) % 16:
