@@ -52,12 +52,13 @@ def main() -> None:
             w["weight"], w["weight_scale"].view(torch.uint8), w["weight_scale_2"], x.reshape(-1), torch.float32,
             block_n=bn, num_warps=nw)
     mma = (w["weight"], w["weight_scale"].view(torch.uint8), w["weight_scale_2"])
-    arms["mma"] = lambda: gemv_mma(*mma, x.reshape(-1))
-    arms["mma alone"] = lambda: gemv_mma(*mma, x.reshape(-1), xq=xq)
+    arms["mma"] = lambda: gemv_mma(*mma, x.reshape(-1), pairs=False)
+    arms["mma alone"] = lambda: gemv_mma(*mma, x.reshape(-1), xq=xq, pairs=False)
+    arms["mma pairs alone"] = lambda: gemv_mma(*mma, x.reshape(-1), xq=xq, pairs=True)  # nvfp4_mma.PAIRS
     arms["quantize_hilo alone"] = lambda: quantize_hilo(x.reshape(-1), xq)
     ref = arms["gemv_multi"]().float().reshape(-1)
     for name, fn in arms.items():
-        if name.startswith("int") or name.startswith("gemv_multi ") or name == "mma":
+        if name.startswith("int") or name.startswith("gemv_multi ") or name in ("mma", "mma pairs alone"):
             err = float((fn().float() - ref).abs().max() / ref.abs().max())
             print(f"{name:<18} max |diff| / max |logit| = {err:.2e}", flush=True)
     rounds_table({name: [fn] * args.inner for name, fn in arms.items()}, args.rounds, args.repeat, cuda, nbytes)

@@ -189,7 +189,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "dngroups": (nvfp4_experts_parts, "GROUPS"), "dnroute": (nvfp4_experts_parts, "ROUTE"),
             "dnpre": (nvfp4_experts_parts, "PRELOAD"),
             "mmastep": (gemv_multi, "MMA_STEP_SCALE"), "lmimma": (nvfp4_mma, "LM_HEAD"),
-            "gumma": (nvfp4_mma_experts, "ON")}
+            "gumma": (nvfp4_mma_experts, "ON"), "mmapairs": (nvfp4_mma, "PAIRS")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}
@@ -203,7 +203,8 @@ VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES
 # Switches and values read only when a step's kernels are launched (in the kernels' wrappers), never while the
 # model is built or loaded: arms that differ only in these can share one model (--share-model).
 AT_LAUNCH = {"gugroups", "dngroups", "dnroute", "dnpre", "fp8mma", "mmastep", "downpf", "prefetch", "gubn", "downbm",
-             "mmabk", "mmastages", "mmamin", "mixedfew", "lmimma", "gumma", "guwarps"}
+             "mmabk", "mmastages", "mmamin", "mixedfew", "lmimma", "gumma", "guwarps",
+             "mmapairs"}
 
 
 def shares_model(arm_name: str, first: str) -> bool:

@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)  # noqa: E402 (compile for the GPU, not the interpreter)
+# a fresh cache: a kernel found in a cache carries no TTGIR (the layout check reads it)
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="sass_nvfp4_mma_")
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -28,11 +31,11 @@ TYPES = {"w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "hl_ptr": "*i8", "xs
          "tables_ptr": "*i32", "out_ptr": "*fp32", "N": "i32"}
 
 
-def compile_gemv_sm90(k: int, pdl: bool = True):
-    """gemv_mma_kernel at K = k as gemv_mma launches it (fp32 out, PDL)."""
+def compile_gemv_sm90(k: int, pdl: bool = True, pairs: bool = False):
+    """gemv_mma_kernel at K = k as gemv_mma launches it (fp32 out, PDL); pairs: nvfp4_mma.PAIRS' layout."""
     fn = nm.gemv_mma_kernel
     sig = {name: TYPES.get(name, "constexpr") for name in fn.arg_names}
-    consts = dict(K=k, G=nm.steps_groups(k), DECODE="asm", OUT_BF16=False, USE_GDC=pdl)
+    consts = dict(K=k, G=nm.steps_groups(k), DECODE="asm", OUT_BF16=False, USE_GDC=pdl, PAIRS=pairs)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=1, enable_fp_fusion=False))
@@ -45,13 +48,13 @@ EXPERT_TYPES = {"hl_ptr": "*i8", "xs_ptr": "*fp32", "zeros_ptr": "*i8", "tables_
                 "ids_out_ptr": "*i64", "shared_out_ptr": "*fp32"}
 
 
-def compile_experts_sm90(warps: int, route: bool = True):
+def compile_experts_sm90(warps: int, route: bool = True, pairs: bool = False):
     """expert_gate_up_mma_kernel as the step launches it (8 routed + the shared expert, H 2048; routing itself
     from 256 experts' bf16 logits)."""
     fn = nme.expert_gate_up_mma_kernel
     sig = {name: EXPERT_TYPES.get(name, "constexpr") for name in fn.arg_names}
     consts = dict(H=2048, K_ROUTED=8, HAS_EXTRA=True, G=nm.steps_groups(2048, warps), W=warps, DECODE="asm",
-                  USE_GDC=True)
+                  USE_GDC=True, PAIRS=pairs)
     if route:  # as expert_gate_up_mma launches it for 256 experts, top-8: every warp finds its rank alone
         consts.update(ROUTE=1, BLOCK_E=256, KP=8, F16=False, W_BF16=True, WARP_ROUTE=True)
     else:
@@ -65,14 +68,14 @@ def compile_experts_sm90(warps: int, route: bool = True):
                           options=dict(num_warps=warps, enable_fp_fusion=False))
 
 
-def count_experts(warps: int, dump: str | None, route: bool = True) -> dict:
-    kernel = compile_experts_sm90(warps, route)
-    ins, usage, _ = sass_of(kernel, os.path.join(dump or "/tmp", f"nvfp4_mma_experts_{warps}_{int(route)}"),
-                            bool(dump))
+def count_experts(warps: int, dump: str | None, route: bool = True, pairs: bool = False) -> dict:
+    kernel = compile_experts_sm90(warps, route, pairs)
+    name = f"nvfp4_mma_experts_{warps}_{int(route)}_{int(pairs)}"
+    ins, usage, _ = sass_of(kernel, os.path.join(dump or "/tmp", name), bool(dump))
     codes = 16 * 2048 // (32 * warps)  # the tile's 16 rows over the program's threads
     ops = lambda op: sum(1 for i in ins if re.match(rf"(@!?P\d+\s+)?{op}\b", i))  # noqa: E731
-    return dict(W=warps, route=route, regs=usage["REG"], stack=usage["STACK"], instrs=len(ins), mma=ops("IMMA"),
-                prmt=ops("PRMT"), ldg=ops("LDG"), per_code=len(ins) / codes,
+    return dict(W=warps, route=route, pairs=pairs, regs=usage["REG"], stack=usage["STACK"], instrs=len(ins),
+                mma=ops("IMMA"), prmt=ops("PRMT"), ldg=ops("LDG"), per_code=len(ins) / codes,
                 layouts=asm_layouts(kernel.asm["ttgir"]))
 
 
@@ -83,13 +86,13 @@ def asm_layouts(ttgir: str) -> list[str]:
     return sorted({encodings.get(u, u) for u in used})
 
 
-def count(k: int, dump: str | None) -> dict:
-    kernel = compile_gemv_sm90(k)
-    ins, usage, _ = sass_of(kernel, os.path.join(dump or "/tmp", f"nvfp4_mma_{k}"), bool(dump))
+def count(k: int, dump: str | None, pairs: bool = False) -> dict:
+    kernel = compile_gemv_sm90(k, pairs=pairs)
+    ins, usage, _ = sass_of(kernel, os.path.join(dump or "/tmp", f"nvfp4_mma_{k}_{int(pairs)}"), bool(dump))
     codes = 16 * k // 32  # the tile's 16 rows of K codes over the warp's 32 lanes
     ops = lambda op: sum(1 for i in ins if re.match(rf"(@!?P\d+\s+)?{op}\b", i))  # noqa: E731
-    return dict(K=k, regs=usage["REG"], stack=usage["STACK"], instrs=len(ins), mma=ops("IMMA"), prmt=ops("PRMT"),
-                ldg=ops("LDG"), per_code=len(ins) / codes, layouts=asm_layouts(kernel.asm["ttgir"]))
+    return dict(K=k, pairs=pairs, regs=usage["REG"], stack=usage["STACK"], instrs=len(ins), mma=ops("IMMA"),
+                prmt=ops("PRMT"), ldg=ops("LDG"), per_code=len(ins) / codes, layouts=asm_layouts(kernel.asm["ttgir"]))
 
 
 def main() -> None:
@@ -98,20 +101,21 @@ def main() -> None:
     args = ap.parse_args()
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
-    print(f"{'K':>5} {'regs':>4} {'stack':>5} {'instrs':>6} {'IMMA':>4} {'PRMT':>5} {'LDG':>4} {'a code':>7}  layout")
-    for k in (2048, 512):
-        c = count(k, args.dump)
-        print(f"{c['K']:>5} {c['regs']:>4} {c['stack']:>5} {c['instrs']:>6} {c['mma']:>4} {c['prmt']:>5} {c['ldg']:>4} "
-              f"{c['per_code']:>7.2f}  {'; '.join(c['layouts'])}")
+    print(f"{'K':>5} {'pairs':>5} {'regs':>4} {'stack':>5} {'instrs':>6} {'IMMA':>4} {'PRMT':>5} {'LDG':>4} "
+          f"{'a code':>7}  layout")
+    for k, pairs in ((2048, False), (2048, True), (512, False), (512, True)):
+        c = count(k, args.dump, pairs)
+        print(f"{c['K']:>5} {str(pairs):>5} {c['regs']:>4} {c['stack']:>5} {c['instrs']:>6} {c['mma']:>4} "
+              f"{c['prmt']:>5} {c['ldg']:>4} {c['per_code']:>7.2f}  {'; '.join(c['layouts'])}")
     print("\nthe experts' gate/up (nvfp4_mma_experts; 8 routed + the shared expert, H 2048, I 512), W warps a "
           "program, routing itself or not")
-    print(f"{'W':>3} {'route':>5} {'regs':>4} {'stack':>5} {'instrs':>6} {'IMMA':>4} {'PRMT':>5} {'LDG':>4} "
-          f"{'a code':>7}  layout")
-    for warps in (1, 2, 4):
-        for route in (True, False):
-            c = count_experts(warps, args.dump, route)
-            print(f"{c['W']:>3} {str(c['route']):>5} {c['regs']:>4} {c['stack']:>5} {c['instrs']:>6} {c['mma']:>4} "
-                  f"{c['prmt']:>5} {c['ldg']:>4} {c['per_code']:>7.2f}  {'; '.join(c['layouts'])}")
+    print(f"{'W':>3} {'route':>5} {'pairs':>5} {'regs':>4} {'stack':>5} {'instrs':>6} {'IMMA':>4} {'PRMT':>5} "
+          f"{'LDG':>4} {'a code':>7}  layout")
+    for warps, route, pairs in ((1, True, False), (1, False, False), (2, True, False), (2, False, False),
+                                (4, True, False), (4, False, False), (4, True, True), (2, True, True)):
+        c = count_experts(warps, args.dump, route, pairs)
+        print(f"{c['W']:>3} {str(c['route']):>5} {str(pairs):>5} {c['regs']:>4} {c['stack']:>5} {c['instrs']:>6} "
+              f"{c['mma']:>4} {c['prmt']:>5} {c['ldg']:>4} {c['per_code']:>7.2f}  {'; '.join(c['layouts'])}")
 
 
 if __name__ == "__main__":

@@ -112,14 +112,15 @@ TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"
          "mixedfew": ("gemv_mixed", "FEWEST_B_TILES"), "attnmerge": ("attention_decode", "MERGE_APART"),
          "gugroups": ("nvfp4_int_experts", "GROUPS"), "dngroups": ("nvfp4_experts_parts", "GROUPS"),
          "fp8mma": ("gemv_multi", "FP8_MMA"), "mmastep": ("gemv_multi", "MMA_STEP_SCALE"),
-         "lmimma": ("nvfp4_mma", "LM_HEAD"), "gumma": ("nvfp4_mma_experts", "ON")}
+         "lmimma": ("nvfp4_mma", "LM_HEAD"), "gumma": ("nvfp4_mma_experts", "ON"),
+         "gugroups2": ("nvfp4_int_experts", "GROUPS")}
 # Settings a switch needs beside itself: fp8mma's tile threshold lowered to the small model's sizes
-ALONGSIDE = {"fp8mma": [("gemv_multi", "MMA_MIN_TILES", 1)]}
+ALONGSIDE = {"fp8mma": [("gemv_multi", "MMA_MIN_TILES", 1)], "gugroups2": [("nvfp4_int_experts", "BLOCK_N_GPU", 2)]}
 
 
 @pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "tilesums",
                                    "guint", "mixedfew", "attnmerge", "gugroups", "dngroups", "gugroups+dngroups",
-                                   "fp8mma", "fp8mma+mmastep", "lmimma", "gumma",
+                                   "fp8mma", "fp8mma+mmastep", "lmimma", "gumma", "gugroups2",
                                    "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the

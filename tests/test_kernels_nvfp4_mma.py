@@ -48,6 +48,20 @@ def test_the_tile_is_its_twin_and_the_dequantized_product(n, k):
     assert float((out.cpu() - exact).abs().max()) < 2e-4 * float(exact.abs().max())  # x's int16 blocks
 
 
+@pytest.mark.parametrize("n,k", [(37, 256), (16, 1024)])
+def test_the_quads_contiguous_layout_is_the_same_sums_in_another_order(n, k):
+    """nvfp4_mma.PAIRS: lane t's groups 2t, 2t + 1, 8 + 2t, 9 + 2t, ... instead of its quarter: the same integer
+    group dots, the fp32 sums in another order."""
+    packed, scales, g = nvfp4(n, k, 3)
+    x = activations(k, 3)
+    quarters = gemv_mma(packed, scales, g, x, pairs=False)
+    pairs = gemv_mma(packed, scales, g, x, pairs=True)
+    ref = gemv_mma_reference(packed.cpu(), scales.cpu(), g.cpu(), x.cpu())
+    assert float((pairs - quarters).abs().max()) <= 1e-6 * float(ref.abs().max())
+    torch.testing.assert_close(pairs.cpu(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    assert nvfp4_mma.pairs_fit(k) and not nvfp4_mma.pairs_fit(192)
+
+
 def test_bf16_out_rounds_the_fp32_sums_to_nearest():
     packed, scales, g = nvfp4(24, 128, 5)
     x = activations(128, 5)
@@ -67,15 +81,16 @@ def test_bad_shapes_are_refused_before_any_launch():
 
 
 @GPU
-@pytest.mark.parametrize("n,k", [(4096 + 13, 2048), (2048, 512), (64, 64)])
-def test_the_ptx_path_gives_the_plain_paths_bytes(n, k):
+@pytest.mark.parametrize("n,k,pairs", [(4096 + 13, 2048, False), (2048, 512, False), (64, 64, False),
+                                       (4096 + 13, 2048, True), (2048, 512, True)])
+def test_the_ptx_path_gives_the_plain_paths_bytes(n, k, pairs):
     """The MMA tile against the same sums through tl.load and integer arithmetic: the same integers and the same
     fp32 order, so the same bytes (a wrong fragment layout, table or sign gives other integers)."""
     packed, scales, g = nvfp4(n, k, 7)
     x = activations(k, 7)
     xq = quantize_hilo(x)
-    asm = gemv_mma(packed, scales, g, x, xq=xq, decode="asm")
-    plain = gemv_mma(packed, scales, g, x, xq=xq, decode="plain")
+    asm = gemv_mma(packed, scales, g, x, xq=xq, decode="asm", pairs=pairs)
+    plain = gemv_mma(packed, scales, g, x, xq=xq, decode="plain", pairs=pairs)
     assert torch.equal(asm, plain)
     ref = gemv_mma_reference(packed.cpu(), scales.cpu(), g.cpu(), x.cpu())
     torch.testing.assert_close(asm.cpu(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
@@ -84,7 +99,7 @@ def test_the_ptx_path_gives_the_plain_paths_bytes(n, k):
 _COMPILE = r"""
 import json, sys
 from sass_nvfp4_mma import count
-print(json.dumps([count(k, None) for k in (2048, 512)]))
+print(json.dumps([count(k, None, pairs) for k in (2048, 512) for pairs in (False, True)]))
 """
 
 

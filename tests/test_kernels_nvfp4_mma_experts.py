@@ -13,7 +13,14 @@ from qwenlocal.engine.kernels.nvfp4_mma import quantize_hilo  # noqa: E402
 from qwenlocal.engine.kernels.nvfp4_mma_experts import (expert_gate_up_mma,  # noqa: E402
                                                          expert_gate_up_mma_reference)
 from qwenlocal.engine.kernels.router_norm import router_norm  # noqa: E402
+from qwenlocal.engine.quant.nvfp4_rows import padded_rows  # noqa: E402
 from test_kernels_nvfp4_experts_decode import _dev, _problem  # noqa: E402
+
+
+def _padded(hidden, inter, experts, ids, seed, dtype=torch.float32):
+    """_problem's tensors on the device with the rows at the engine's 16-byte stride (the PTX path needs it)."""
+    x, w, ids_t, rows, shared, a, b = _dev(*_problem(hidden, inter, experts, ids, seed, dtype))
+    return x, w, ids_t, padded_rows(rows, hidden, inter), shared, a, b
 
 SIZES = [(128, 48, 7, [2, 5, 2]), (256, 80, 6, [5, 0, 3, 3, 1]), (512, 16, 3, [1])]  # (H, I, E, ids)
 
@@ -22,7 +29,7 @@ SIZES = [(128, 48, 7, [2, 5, 2]), (256, 80, 6, [5, 0, 3, 3, 1]), (512, 16, 3, [1
 @pytest.mark.parametrize("with_shared", [True, False])
 @pytest.mark.parametrize("warps", [1, 2])
 def test_gate_up_mma_matches_its_twin_and_the_fp32_reference(hidden, inter, experts, ids, with_shared, warps):
-    x, _, ids_t, rows, shared, _, _ = _dev(*_problem(hidden, inter, experts, ids, hidden + inter, torch.bfloat16))
+    x, _, ids_t, rows, shared, _, _ = _padded(hidden, inter, experts, ids, hidden + inter, torch.bfloat16)
     extra = shared[0] + shared[1] if with_shared else None
     out = torch.full((len(ids) + with_shared, inter), float("nan"), device=rows.device)
     expert_gate_up_mma(x, ids_t, rows, hidden, inter, extra, out=out, warps=warps)
@@ -36,7 +43,7 @@ def test_gate_up_mma_matches_its_twin_and_the_fp32_reference(hidden, inter, expe
 
 
 def test_four_warps_are_the_sum_of_their_parts_in_one_order():
-    x, _, ids_t, rows, shared, _, _ = _dev(*_problem(256, 32, 5, [4, 1], 3, torch.bfloat16))
+    x, _, ids_t, rows, shared, _, _ = _padded(256, 32, 5, [4, 1], 3, torch.bfloat16)
     one = expert_gate_up_mma(x, ids_t, rows, 256, 32, shared[0] + shared[1], warps=1)
     four = expert_gate_up_mma(x, ids_t, rows, 256, 32, shared[0] + shared[1], warps=4)
     assert ((four - one).abs().max() / one.abs().max()) < 1e-6  # the same groups, other partial sums
@@ -46,13 +53,13 @@ def test_four_warps_are_the_sum_of_their_parts_in_one_order():
 
 def test_routing_itself_gives_the_routed_ids_bytes_and_route_topks_outs():
     hidden, inter, experts, k = 128, 32, 9, 3
-    x, _, _, rows, shared, _, _ = _dev(*_problem(hidden, inter, experts, [0, 1, 2], 11, torch.bfloat16))
+    x, _, _, rows, shared, _, _ = _padded(hidden, inter, experts, [0, 1, 2], 11, torch.bfloat16)
     logits = torch.randn(experts + 1, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).to(x.device)
     weights, ids, shared_scale = route_topk(logits, experts, k, torch.bfloat16)
     extra = shared[0] + shared[1]
-    plain = expert_gate_up_mma(x, ids, rows, hidden, inter, extra)
+    plain = expert_gate_up_mma(x, ids, rows, hidden, inter, extra, warps=2)
     outs = (torch.empty_like(weights), torch.full_like(ids, -1), torch.empty_like(shared_scale))
-    routed = expert_gate_up_mma(x, None, rows, hidden, inter, extra, route=(logits, experts, *outs))
+    routed = expert_gate_up_mma(x, None, rows, hidden, inter, extra, warps=2, route=(logits, experts, *outs))
     assert torch.equal(routed, plain)
     assert torch.equal(outs[0], weights) and torch.equal(outs[1], ids) and torch.equal(outs[2], shared_scale)
 
@@ -72,25 +79,27 @@ def test_the_routers_high_and_low_bytes_are_quantize_hilos():
 
 
 def test_bad_calls_are_refused():
-    x, _, ids_t, rows, _, _, _ = _dev(*_problem(128, 16, 4, [1, 3], 9))
+    x, _, ids_t, rows, _, _, _ = _padded(128, 16, 4, [1, 3], 9)
     with pytest.raises(ValueError, match="xq must be"):
-        expert_gate_up_mma(x, ids_t, rows, 128, 16, xq=quantize_hilo(x.reshape(-1)[:64]))
+        expert_gate_up_mma(x, ids_t, rows, 128, 16, warps=1, xq=quantize_hilo(x.reshape(-1)[:64]))
     with pytest.raises(ValueError, match="rows must"):
-        expert_gate_up_mma(x, ids_t, rows.float(), 128, 16)
+        expert_gate_up_mma(x, ids_t, rows.float(), 128, 16, warps=1)
     with pytest.raises(ValueError, match="multiple of 64"):
-        expert_gate_up_mma(x[..., :96], ids_t, rows, 96, 16)
+        expert_gate_up_mma(x[..., :96], ids_t, rows, 96, 16, warps=1)
+    if x.is_cuda:  # the PTX path's 16-byte rows
+        unpadded = _dev(*_problem(128, 16, 4, [1, 3], 9))[3]
+        with pytest.raises(ValueError, match="16-byte stride"):
+            expert_gate_up_mma(x, ids_t, unpadded, 128, 16, warps=1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX path needs a CUDA GPU (the GPU tier)")
-@pytest.mark.parametrize("warps", [1, 4])
-def test_the_ptx_tiles_give_the_plain_paths_bytes_at_the_real_geometry(warps):
-    from qwenlocal.engine.quant.nvfp4_rows import padded_rows
-
-    x, _, ids_t, rows, shared, _, _ = _dev(*_problem(2048, 512, 12, [3, 7, 1, 0, 11, 5, 2, 9], 4, torch.bfloat16))
-    rows = padded_rows(rows, 2048, 512)
+@pytest.mark.parametrize("warps,pairs", [(1, False), (4, False), (4, True)])
+def test_the_ptx_tiles_give_the_plain_paths_bytes_at_the_real_geometry(warps, pairs):
+    x, _, ids_t, rows, shared, _, _ = _padded(2048, 512, 12, [3, 7, 1, 0, 11, 5, 2, 9], 4, torch.bfloat16)
     extra = shared[0] + shared[1]
-    a = expert_gate_up_mma(x, ids_t, rows, 2048, 512, extra, warps=warps, decode="asm")
-    assert torch.equal(a, expert_gate_up_mma(x, ids_t, rows, 2048, 512, extra, warps=warps, decode="plain"))
+    a = expert_gate_up_mma(x, ids_t, rows, 2048, 512, extra, warps=warps, decode="asm", pairs=pairs)
+    assert torch.equal(a, expert_gate_up_mma(x, ids_t, rows, 2048, 512, extra, warps=warps, decode="plain",
+                                             pairs=pairs))
     ref = expert_gate_up_reference(x.cpu(), ids_t.cpu(), rows.cpu(), 2048, 512, tuple(t.cpu() for t in extra))
     assert ((a.cpu() - ref).abs().max() / ref.abs().max()) < 5e-4
 
@@ -101,11 +110,8 @@ def test_every_warp_finds_its_rank_alone_as_route_topk_does(warps):
     """WARP_ROUTE (256 experts, top-8): each warp's REDUX rounds (route_keys.RANK_KEY_PTX) give route_topk's ids,
     so the plain path's bytes, and route_topk's outs from the shared expert's program; ties and negative logits
     included."""
-    from qwenlocal.engine.quant.nvfp4_rows import padded_rows
-
     experts, k = 256, 8
-    x, _, _, rows, shared, _, _ = _dev(*_problem(2048, 512, 12, [0] * k, 6, torch.bfloat16))
-    rows = padded_rows(rows, 2048, 512)
+    x, _, _, rows, shared, _, _ = _padded(2048, 512, 12, [0] * k, 6, torch.bfloat16)
     gen = torch.Generator().manual_seed(9)
     logits = torch.randn(experts + 1, generator=gen).to(torch.bfloat16)
     logits[[3, 77, 200]] = logits.max()  # a tie at the top: the lowest id first

@@ -47,6 +47,12 @@ QMAX = 32639  # the largest |q| whose high byte (q + 128) >> 8 is still an int8
 # its GPU A/B (profile_decode arm "lmimma"; scripts/bench_nvfp4_int_dot.py has it alone against gemv_multi):
 # logits within x's int16 blocks of gemv_multi's (~2e-5 of the largest), not its bytes.
 LM_HEAD = False
+# Each quad's loads of a row as 64 contiguous bytes (tile_sums' PAIRS: lane t's groups 2t, 2t + 1, 8 + 2t, 9 + 2t,
+# ...) instead of each lane reading a 16-byte piece of its own quarter's line (32 lines an instruction). Why: the
+# first GPU figures (docs/RESULTS.md session 26, H100) had the tile at 147.9 us for the LM head against 110.6 for
+# the dp2a GEMV with ~half its instructions: its loads, not its issue, are the suspect. Off until its A/B
+# (profile_decode arm "mmapairs"); the same integers, the fp32 sums in another order.
+PAIRS = False
 
 
 def steps_groups(k: int, warps: int = 1) -> int:
@@ -58,9 +64,22 @@ def steps_groups(k: int, warps: int = 1) -> int:
     return 4 if q % 4 == 0 else 2 if q % 2 == 0 else 1
 
 
-def _load_ptx(G: int) -> str:
+def pairs_fit(k: int, warps: int = 1) -> bool:
+    """PAIRS' layout fits: whole steps of 16 groups in every warp's part (G 4)."""
+    return k % (256 * warps) == 0
+
+
+def _load_ptx(G: int, pairs: bool = False) -> str:
     """The loads of a step: rows r / r8 words (2G each), x's bytes (4G words), both rows' scale bytes (G each), x's
-    block scales (G floats)."""
+    block scales (G floats). pairs (G 4): groups 0, 1 at the pointers and 2, 3 eight groups further on."""
+    if pairs:
+        return ("ld.global.v4.b32 {wr0, wr1, wr2, wr3}, [$4]; ld.global.v4.b32 {wr4, wr5, wr6, wr7}, [$4+64];\n"
+                "ld.global.v4.b32 {wq0, wq1, wq2, wq3}, [$5]; ld.global.v4.b32 {wq4, wq5, wq6, wq7}, [$5+64];\n"
+                "ld.global.v4.b32 {x0, x1, x2, x3}, [$6]; ld.global.v4.b32 {x4, x5, x6, x7}, [$6+16];\n"
+                "ld.global.v4.b32 {x8, x9, x10, x11}, [$6+128]; ld.global.v4.b32 {x12, x13, x14, x15}, [$6+144];\n"
+                "ld.global.u16 hb, [$7]; ld.global.u16 e0, [$7+8]; mov.b32 sr, {hb, e0};\n"
+                "ld.global.u16 hb, [$8]; ld.global.u16 e0, [$8+8]; mov.b32 sq, {hb, e0};\n"
+                "ld.global.v2.f32 {xs0, xs1}, [$9]; ld.global.v2.f32 {xs2, xs3}, [$9+32];\n")
     def words(dst: str, n: int, src: str) -> str:
         out = []
         for at in range(0, n, 4):
@@ -105,7 +124,7 @@ def _group_ptx(i: int) -> str:
             "add.rn.f32 ar, ar, f0; add.rn.f32 aq, aq, f1;\n")
 
 
-def step_ptx(G: int) -> str:
+def step_ptx(G: int, pairs: bool = False) -> str:
     """A step of G groups. Outputs $0 / $1: rows r / r8's running sums (fp32 bits). Inputs: $2 / $3 the sums so far;
     pointers $4 / $5 rows r / r8's first word of the step, $6 x's bytes (this lane's B column: the high or low
     bytes of its quarter's lane, or zeros), $7 / $8 the rows' first scale byte, $9 x's first block scale;
@@ -115,12 +134,13 @@ def step_ptx(G: int) -> str:
     floats = ", ".join(f"xs{i}" for i in range(G)) + ", f0, f1, c0, c1, ar, aq"
     return ("{ .reg .b32 " + regs + "; .reg .f32 " + floats + "; .reg .b16 hb, e0, e1;\n"
             "mov.b32 z, 0; mov.b32 ar, $2; mov.b32 aq, $3;\n"
-            + _load_ptx(G) + "".join(_group_ptx(i) for i in range(G)) + "mov.b32 $0, ar; mov.b32 $1, aq; }")
+            + _load_ptx(G, pairs) + "".join(_group_ptx(i) for i in range(G)) + "mov.b32 $0, ar; mov.b32 $1, aq; }")
 
 
 STEP_PTX_1 = tl.constexpr(step_ptx(1))
 STEP_PTX_2 = tl.constexpr(step_ptx(2))
 STEP_PTX_4 = tl.constexpr(step_ptx(4))
+STEP_PTX_PAIRS = tl.constexpr(step_ptx(4, pairs=True))
 _STEP_CONSTRAINTS = tl.constexpr("=r,=r,r,r,l,l,l,l,l,l,r,r")
 # The quad's four quarter sums: lane t gets s_t + s_{t^1}, then that plus the pair across: (s0 + s1) + (s2 + s3)
 QUAD_PTX = tl.constexpr("{ .reg .f32 t;\n"
@@ -142,13 +162,16 @@ def thread_ids(W: tl.constexpr, DECODE: tl.constexpr):
 
 
 @triton.jit
-def _step_asm(acc_r, acc_q, wr, wq, xb, sr, sq, xs, t0, t1, G: tl.constexpr):
+def _step_asm(acc_r, acc_q, wr, wq, xb, sr, sq, xs, t0, t1, G: tl.constexpr, PAIRS: tl.constexpr = False):
     b = tl.pointer_type(tl.int8)
     # the sums as int32 bits: the operands are broadcast together, and a float beside a pointer is refused
     args = [acc_r.to(tl.int32, bitcast=True), acc_q.to(tl.int32, bitcast=True), wr.to(b), wq.to(b), xb.to(b),
             sr.to(b), sq.to(b), xs.to(b), t0, t1]
     # not pure: its loads must stay after the PDL wait (gdc_prologue), where the previous kernel's x is visible
-    if G == 4:
+    if PAIRS:
+        r, q = tl.inline_asm_elementwise(STEP_PTX_PAIRS, _STEP_CONSTRAINTS, args, dtype=(tl.int32, tl.int32),
+                                         is_pure=False, pack=1)
+    elif G == 4:
         r, q = tl.inline_asm_elementwise(STEP_PTX_4, _STEP_CONSTRAINTS, args, dtype=(tl.int32, tl.int32),
                                          is_pure=False, pack=1)
     elif G == 2:
@@ -171,18 +194,19 @@ def _group_dot_plain(w, q):
 
 
 @triton.jit
-def _step_plain(acc_r, acc_q, wr, wq, xq, K: tl.constexpr, sr, sq, xs, G: tl.constexpr):
-    """_step_asm's sums with tl.load and integer arithmetic: xq is this lane's own quarter's high bytes (its low
-    bytes K further on)."""
+def _step_plain(acc_r, acc_q, wr, wq, xq, K: tl.constexpr, sr, sq, xs, G: tl.constexpr, PAIRS: tl.constexpr = False):
+    """_step_asm's sums with tl.load and integer arithmetic: xq is this lane's own high bytes at the step (its low
+    bytes K further on); PAIRS: groups 2 and 3 eight groups after 0 and 1."""
     c = tl.arange(0, 16)
     for i in tl.static_range(G):
-        at = xq[:, None] + 16 * i + c[None, :]
+        o: tl.constexpr = 8 * (i // 2) + i % 2 if PAIRS else i  # the group's place after the step's first
+        at = xq[:, None] + 16 * o + c[None, :]
         q = tl.load(at).to(tl.int32) * 256 + tl.load(at + K).to(tl.int32)
-        d_r = _group_dot_plain(wr + 2 * i, q)
-        d_q = _group_dot_plain(wq + 2 * i, q)
-        x_s = tl.load(xs + i)
-        s_r = tl.load(sr + i).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * x_s
-        s_q = tl.load(sq + i).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * x_s
+        d_r = _group_dot_plain(wr + 2 * o, q)
+        d_q = _group_dot_plain(wq + 2 * o, q)
+        x_s = tl.load(xs + o)
+        s_r = tl.load(sr + o).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * x_s
+        s_q = tl.load(sq + o).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * x_s
         acc_r = acc_r + d_r.to(tl.float32) * s_r
         acc_q = acc_q + d_q.to(tl.float32) * s_q
     return acc_r, acc_q
@@ -206,16 +230,21 @@ def _quad_sums(acc_r, acc_q, W: tl.constexpr, DECODE: tl.constexpr):
 
 @triton.jit
 def tile_sums(w_r, w_q, s_r, s_q, hl_ptr, xs_ptr, zeros_ptr, tables_ptr, tid, K: tl.constexpr, G: tl.constexpr,
-              W: tl.constexpr, DECODE: tl.constexpr):
+              W: tl.constexpr, DECODE: tl.constexpr, PAIRS: tl.constexpr = False):
     """(row r, row r8) fp32 [32 W] for thread tid of W warps, lane (g, t) = ((tid & 31) >> 2, tid & 3) of warp
     p = tid >> 5: the sums over warp p's part of K (K / W codes: lane t's quarter of it, K / 4W) of the 16-code
     groups' (integer dot) * E4M3 scale * x's block scale, before the global scale, the same in every lane of the
     quad. w_r / w_q: pointers to the first word of rows g / g + 8 (int32, K / 8 a row); s_r / s_q: their first
     scale bytes (K / 16 a row); hl_ptr: x's high bytes [K] then low bytes [K] (quantize_hilo); xs_ptr: x's block
-    scales [K / 16]. part_sums adds the warps' parts."""
+    scales [K / 16]. part_sums adds the warps' parts. PAIRS (pairs_fit): lane t's groups are instead its part's
+    2t, 2t + 1, 8 + 2t, 9 + 2t, then 16 further on a step, so that a quad's loads of a row are 64 contiguous bytes
+    (a quarter each reads its own 128-byte line)."""
     t = tid & 3
     g = (tid & 31) >> 2
-    at = (tid >> 5) * (K // W) + t * (K // (4 * W))  # the lane's first code
+    if PAIRS:
+        at = (tid >> 5) * (K // W) + t * 32  # the lane's first code: its part's group 2t
+    else:
+        at = (tid >> 5) * (K // W) + t * (K // (4 * W))
     loader = (g >> 1) == t  # lane (g, t) holds B's column g: x's bytes where g // 2 == t, zeros elsewhere
     xq = hl_ptr + at
     xb = tl.where(loader, xq + (g & 1) * K, zeros_ptr)
@@ -226,14 +255,15 @@ def tile_sums(w_r, w_q, s_r, s_q, hl_ptr, xs_ptr, zeros_ptr, tables_ptr, tid, K:
     t1 = tl.load(tables_ptr + 1 + 0 * tid)
     acc_r = tl.zeros([32 * W], dtype=tl.float32)
     acc_q = tl.zeros([32 * W], dtype=tl.float32)
+    STEP: tl.constexpr = 16 if PAIRS else G  # groups from one step's first to the next's
     for s in tl.static_range(K // (64 * W) // G):
         if DECODE == "asm":
-            acc_r, acc_q = _step_asm(acc_r, acc_q, w_r + 2 * G * s, w_q + 2 * G * s,
-                                     tl.where(loader, xb + 16 * G * s, xb), s_r + G * s, s_q + G * s, xs + G * s,
-                                     t0, t1, G)
+            acc_r, acc_q = _step_asm(acc_r, acc_q, w_r + 2 * STEP * s, w_q + 2 * STEP * s,
+                                     tl.where(loader, xb + 16 * STEP * s, xb), s_r + STEP * s, s_q + STEP * s,
+                                     xs + STEP * s, t0, t1, G, PAIRS)
         else:
-            acc_r, acc_q = _step_plain(acc_r, acc_q, w_r + 2 * G * s, w_q + 2 * G * s, xq + 16 * G * s, K,
-                                       s_r + G * s, s_q + G * s, xs + G * s, G)
+            acc_r, acc_q = _step_plain(acc_r, acc_q, w_r + 2 * STEP * s, w_q + 2 * STEP * s, xq + 16 * STEP * s,
+                                       K, s_r + STEP * s, s_q + STEP * s, xs + STEP * s, G, PAIRS)
     return _quad_sums(acc_r, acc_q, W, DECODE)
 
 
@@ -257,7 +287,8 @@ def part_sums(acc, W: tl.constexpr):
 
 @triton.jit
 def gemv_mma_kernel(w_ptr, s_ptr, g_ptr, hl_ptr, xs_ptr, zeros_ptr, tables_ptr, out_ptr, N, K: tl.constexpr,
-                    G: tl.constexpr, DECODE: tl.constexpr, OUT_BF16: tl.constexpr, USE_GDC: tl.constexpr = False):
+                    G: tl.constexpr, DECODE: tl.constexpr, OUT_BF16: tl.constexpr, USE_GDC: tl.constexpr = False,
+                    PAIRS: tl.constexpr = False):
     """Tile pid: rows 16 pid ... 16 pid + 15 (rows past N read row N - 1 and are not stored)."""
     gdc_prologue(USE_GDC)  # PDL: x's bytes and scales are the previous kernel's output
     tid = thread_ids(1, DECODE)
@@ -266,7 +297,8 @@ def gemv_mma_kernel(w_ptr, s_ptr, g_ptr, hl_ptr, xs_ptr, zeros_ptr, tables_ptr, 
     r = tl.minimum(row_r, N - 1).to(tl.int64)
     q = tl.minimum(row_q, N - 1).to(tl.int64)
     acc_r, acc_q = tile_sums(w_ptr + r * (K // 8), w_ptr + q * (K // 8), s_ptr + r * (K // 16),
-                             s_ptr + q * (K // 16), hl_ptr, xs_ptr, zeros_ptr, tables_ptr, tid, K, G, 1, DECODE)
+                             s_ptr + q * (K // 16), hl_ptr, xs_ptr, zeros_ptr, tables_ptr, tid, K, G, 1, DECODE,
+                             PAIRS)
     glob = tl.load(g_ptr + 0 * tid) * 0.5  # the codes count double
     first = (tid & 3) == 0
     _store_exact(out_ptr + row_r, acc_r * glob, first & (row_r < N), OUT_BF16)
@@ -354,9 +386,10 @@ def check_alignment(*tensors: torch.Tensor) -> None:
 
 def gemv_mma(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x: torch.Tensor,
              out_dtype: torch.dtype = torch.float32, *, xq: tuple | None = None, out: torch.Tensor | None = None,
-             decode: str | None = None) -> torch.Tensor:
+             decode: str | None = None, pairs: bool | None = None) -> torch.Tensor:
     """NVFP4 weight (packed uint8 [N, K/2], E4M3 scales [N, K/16], fp32 global) times x [K] -> [N], 16 rows a
-    one-warp program. xq: x already quantize_hilo'd (None: one more launch here)."""
+    one-warp program. xq: x already quantize_hilo'd (None: one more launch here). pairs (None: PAIRS): the
+    quads' contiguous layout where it fits (pairs_fit)."""
     n, k = packed.shape[0], 2 * packed.shape[1]
     if packed.dtype != torch.uint8 or scale.shape != (n, k // 16) or x.numel() != k:
         raise ValueError(f"need packed uint8 [N, K/2], scales [N, K/16] and x [K]; got {tuple(packed.shape)}, "
@@ -377,7 +410,7 @@ def gemv_mma(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x:
     gemv_mma_kernel[(triton.cdiv(n, 16),)](
         w, s, scale2.reshape(1).to(torch.float32), hl, xs, zeros(x.device), tables(x.device), exact_out(out), n,
         K=k, G=G, DECODE=decode, OUT_BF16=out.dtype == torch.bfloat16, num_warps=1, enable_fp_fusion=False,
-        **pdl_launch(x.device))
+        PAIRS=(PAIRS if pairs is None else pairs) and pairs_fit(k), **pdl_launch(x.device))
     return out
 
 

@@ -26,7 +26,9 @@ from .nvfp4_expert_rows import gate_up_pointers
 from .nvfp4_experts_decode import _row_offsets
 from .nvfp4_int_dot import tables
 from .nvfp4_int_experts import expert_gate_up_int_reference, launch_operands
-from .nvfp4_mma import QMAX, check_alignment, part_sums, quantize_hilo, steps_groups, thread_ids, tile_sums, zeros
+from . import nvfp4_mma
+from .nvfp4_mma import QMAX, check_alignment, pairs_fit, part_sums, quantize_hilo, steps_groups, thread_ids, \
+    tile_sums, zeros
 from .route_keys import WARP_EXPERTS, routed_expert, routed_expert_warps, store_route
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_mma (moe_fused._gate_up), x's bytes from the
@@ -50,7 +52,8 @@ def expert_gate_up_mma_kernel(hl_ptr, xs_ptr, zeros_ptr, tables_ptr, ids_ptr, wo
                               DECODE: tl.constexpr, USE_GDC: tl.constexpr = False, logits_ptr=None, E=0,
                               wts_out_ptr=None, ids_out_ptr=None, shared_out_ptr=None, ROUTE: tl.constexpr = 0,
                               BLOCK_E: tl.constexpr = 32, KP: tl.constexpr = 1, F16: tl.constexpr = False,
-                              W_BF16: tl.constexpr = True, WARP_ROUTE: tl.constexpr = False):
+                              W_BF16: tl.constexpr = True, WARP_ROUTE: tl.constexpr = False,
+                              PAIRS: tl.constexpr = False):
     """Program (j, t): expert j (0..k-1 routed, k the extra one), outputs 8 t ... 8 t + 7 of its act. ROUTE as
     expert_gate_up_int_kernel's: the routed programs find their expert (rank j of the router's 16-bit logits),
     program (k, 0) (the shared expert's; (0, 0) without one) stores route_topk's outputs; ROUTE 2: a benchmark
@@ -76,7 +79,7 @@ def expert_gate_up_mma_kernel(hl_ptr, xs_ptr, zeros_ptr, tables_ptr, ids_ptr, wo
     n = tl.program_id(1) * 8 + ((tid & 31) >> 2)
     r = tl.minimum(n, I - 1).to(tl.int64)
     gate, up = tile_sums(gate_w + r * (H // 8), up_w + r * (H // 8), gate_s + r * (H // 16), up_s + r * (H // 16),
-                         hl_ptr, xs_ptr, zeros_ptr, tables_ptr, tid, H, G, W, DECODE)
+                         hl_ptr, xs_ptr, zeros_ptr, tables_ptr, tid, H, G, W, DECODE, PAIRS)
     gate = part_sums(gate, W) * (g_gate * 0.5)  # the codes count double
     up = part_sums(up, W) * (g_up * 0.5)
     lane = tl.arange(0, 32)  # the parts' sums by element: element e is thread e (the layout the tile's code checks)
@@ -86,12 +89,13 @@ def expert_gate_up_mma_kernel(hl_ptr, xs_ptr, zeros_ptr, tables_ptr, ids_ptr, wo
 
 def expert_gate_up_mma(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Tensor, hidden: int, inter: int,
                        extra: tuple | None = None, out: torch.Tensor | None = None, *, xq: tuple | None = None,
-                       warps: int | None = None, decode: str | None = None, route: tuple | None = None
-                       ) -> torch.Tensor:
+                       warps: int | None = None, decode: str | None = None, route: tuple | None = None,
+                       pairs: bool | None = None) -> torch.Tensor:
     """expert_gate_up_int's act fp32 [k (+1), I] (its arguments, see there) on the integer tensor cores. xq: x
     already quantize_hilo'd (router_norm(quantize="hilo")); None: quantized here, one more launch. warps (None:
     WARPS on a GPU, 1 in the interpreter, whose time goes by programs): a program's warps, each a part of K.
-    route: as expert_gate_up_int's (the routed programs find their experts and fill route_topk's outs)."""
+    route: as expert_gate_up_int's (the routed programs find their experts and fill route_topk's outs).
+    pairs (None: nvfp4_mma.PAIRS): the quads' contiguous layout where it fits (nvfp4_mma.pairs_fit)."""
     warps = warps or (WARPS if rows.is_cuda else 1)
     G = steps_groups(hidden, warps)
     words, ids, routing, out, gate, up = launch_operands(ids, rows, hidden, inter, extra, out, route)
@@ -113,7 +117,8 @@ def expert_gate_up_mma(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
         hl, xs, zeros(rows.device), tables(rows.device), ids.reshape(-1).contiguous(), words, rows, out, inter,
         words.stride(0), off["gu_scale_at"], off["glob_at"], *gate, *up, H=hidden, K_ROUTED=k,
         HAS_EXTRA=extra is not None, G=G, W=warps, DECODE=decode, num_warps=warps, enable_fp_fusion=False,
-        **routing, **pdl_launch(rows.device))
+        PAIRS=(nvfp4_mma.PAIRS if pairs is None else pairs) and pairs_fit(hidden, warps), **routing,
+        **pdl_launch(rows.device))
     return out
 
 
