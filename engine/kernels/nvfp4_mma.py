@@ -71,10 +71,12 @@ def pairs_fit(k: int, warps: int = 1) -> bool:
 
 def _load_ptx(G: int, pairs: bool = False) -> str:
     """The loads of a step: rows r / r8 words (2G each), x's bytes (4G words), both rows' scale bytes (G each), x's
-    block scales (G floats). pairs (G 4): groups 0, 1 at the pointers and 2, 3 eight groups further on."""
+    block scales (G floats). pairs (G 4): groups 0, 1 at the pointers and 2, 3 eight groups further on, the
+    weights past L1 (streamed once)."""
     if pairs:
-        return ("ld.global.v4.b32 {wr0, wr1, wr2, wr3}, [$4]; ld.global.v4.b32 {wr4, wr5, wr6, wr7}, [$4+64];\n"
-                "ld.global.v4.b32 {wq0, wq1, wq2, wq3}, [$5]; ld.global.v4.b32 {wq4, wq5, wq6, wq7}, [$5+64];\n"
+        w = "ld.global.nc.L1::no_allocate.v4.b32"  # weights: read once, no kernel writes them (past L1)
+        return (f"{w} {{wr0, wr1, wr2, wr3}}, [$4]; {w} {{wr4, wr5, wr6, wr7}}, [$4+64];\n"
+                f"{w} {{wq0, wq1, wq2, wq3}}, [$5]; {w} {{wq4, wq5, wq6, wq7}}, [$5+64];\n"
                 "ld.global.v4.b32 {x0, x1, x2, x3}, [$6]; ld.global.v4.b32 {x4, x5, x6, x7}, [$6+16];\n"
                 "ld.global.v4.b32 {x8, x9, x10, x11}, [$6+128]; ld.global.v4.b32 {x12, x13, x14, x15}, [$6+144];\n"
                 "ld.global.u16 hb, [$7]; ld.global.u16 e0, [$7+8]; mov.b32 sr, {hb, e0};\n"
