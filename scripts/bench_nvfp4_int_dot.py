@@ -19,7 +19,8 @@ import torch
 from bench_nvfp4_experts_decode import graph_timed, random_linear  # scripts/ is on the path as a script
 from qwenlocal.engine.kernels.gemv_multi import gemv
 from qwenlocal.engine.kernels.nvfp4_int_dot import gemv_int, quantize_x16, tables
-from qwenlocal.engine.kernels.nvfp4_mma import gemv_mma, quantize_hilo, zeros
+from qwenlocal.engine.kernels.nvfp4_hilo import quantize_hilo
+from qwenlocal.engine.kernels.nvfp4_mma import gemv_mma, zeros
 
 
 def main() -> None:

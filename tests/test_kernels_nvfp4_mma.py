@@ -8,8 +8,8 @@ import torch
 pytest.importorskip("triton")
 
 from qwenlocal.engine.kernels import nvfp4_mma  # noqa: E402
-from qwenlocal.engine.kernels.nvfp4_mma import (QMAX, gemv_mma, gemv_mma_reference, quantize_hilo,  # noqa: E402
-                                                 quantize_hilo_reference)
+from qwenlocal.engine.kernels.nvfp4_hilo import QMAX, quantize_hilo, quantize_hilo_reference  # noqa: E402
+from qwenlocal.engine.kernels.nvfp4_mma import gemv_mma, gemv_mma_reference  # noqa: E402
 from qwenlocal.engine.quant.formats import dequant_nvfp4  # noqa: E402
 from sass_support import sm90_json  # noqa: E402
 from test_kernels_nvfp4_int_dot import DEVICE, activations, nvfp4  # noqa: E402

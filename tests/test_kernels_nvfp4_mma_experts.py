@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 
 from qwenlocal.engine.kernels.decode_router import route_topk  # noqa: E402
 from qwenlocal.engine.kernels.nvfp4_experts_decode import expert_gate_up_reference  # noqa: E402
-from qwenlocal.engine.kernels.nvfp4_mma import quantize_hilo  # noqa: E402
+from qwenlocal.engine.kernels.nvfp4_hilo import quantize_hilo  # noqa: E402
 from qwenlocal.engine.kernels.nvfp4_mma_experts import (expert_gate_up_mma,  # noqa: E402
                                                          expert_gate_up_mma_reference)
 from qwenlocal.engine.kernels.router_norm import router_norm  # noqa: E402

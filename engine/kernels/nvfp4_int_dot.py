@@ -237,7 +237,7 @@ E2M1_X2 = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
 
 def quantize_x16_reference(x: torch.Tensor, qmax: int = 32767) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_x16 in torch: (q as int64 [K], fp32 scales [K / 16]); qmax: the blocks' largest |q| (32767 here,
-    nvfp4_mma.QMAX there)."""
+    nvfp4_hilo.QMAX there)."""
     xb = x.float().reshape(-1, 16)
     amax = xb.abs().amax(dim=1)
     scale = amax / float(qmax)

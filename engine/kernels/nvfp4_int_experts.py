@@ -223,7 +223,7 @@ def _check_group_alignment(rows: torch.Tensor, pairs: torch.Tensor, *words: torc
 def expert_gate_up_int_reference(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                                  extra: tuple | None = None, qmax: int = 32767) -> torch.Tensor:
     """expert_gate_up_int's arithmetic in torch: each expert's gate and up through gemv_int_reference (x's blocks
-    to qmax: nvfp4_mma_experts' reference is this one at nvfp4_mma.QMAX)."""
+    to qmax: nvfp4_mma_experts' reference is this one at nvfp4_hilo.QMAX)."""
     xf = x.reshape(-1)
     mats = [unpack_nvfp4_expert(rows[e], hidden, inter)[:2] for e in ids.reshape(-1).tolist()]
     if extra is not None:

@@ -9,7 +9,7 @@ the parts add in a fixed order (nvfp4_mma.part_sums). ~1.8 instructions a code, 
 real geometry at I 512), each routing itself once (route_keys) where the experts are resident.
 
 act[j] = SiLU(g) * u, g and u each the sum over 16-code groups of (exact integer dot) * E4M3 scale * x's block
-scale in the tile's fixed order, times the global / 2; x in nvfp4_mma's int16 blocks (|q| <= 32639, high and
+scale in the tile's fixed order, times the global / 2; x in nvfp4_hilo's int16 blocks (|q| <= 32639, high and
 low bytes), made by router_norm(quantize="hilo") or quantize_hilo. Not expert_gate_up_int's bytes: its x
 blocks are scaled to 32767 and its sums go in another order (act within ~2e-4 of the fp32 reference, relative
 to its largest). DECODE "plain" (the interpreter) gives the PTX path's bytes (the GPU tier checks it).
@@ -27,8 +27,8 @@ from .nvfp4_experts_decode import _row_offsets
 from .nvfp4_int_dot import tables
 from .nvfp4_int_experts import expert_gate_up_int_reference, launch_operands
 from . import nvfp4_mma
-from .nvfp4_mma import QMAX, check_alignment, pairs_fit, part_sums, quantize_hilo, steps_groups, thread_ids, \
-    tile_sums, zeros
+from .nvfp4_hilo import QMAX, quantize_hilo
+from .nvfp4_mma import check_alignment, pairs_fit, part_sums, steps_groups, thread_ids, tile_sums, zeros
 from .route_keys import WARP_EXPERTS, routed_expert, routed_expert_warps, store_route
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_mma (moe_fused._gate_up), x's bytes from the
@@ -124,5 +124,5 @@ def expert_gate_up_mma(x: torch.Tensor, ids: torch.Tensor | None, rows: torch.Te
 
 def expert_gate_up_mma_reference(x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int, inter: int,
                                  extra: tuple | None = None) -> torch.Tensor:
-    """expert_gate_up_mma's arithmetic in torch: the integer kernel's reference with x's blocks to nvfp4_mma.QMAX."""
+    """expert_gate_up_mma's arithmetic in torch: the integer kernel's reference with x's blocks to nvfp4_hilo.QMAX."""
     return expert_gate_up_int_reference(x, ids, rows, hidden, inter, extra, QMAX)

@@ -26,7 +26,7 @@ import triton.language as tl
 from .decode_norm import _add_rms_norm_row, round_code
 from .launch import gdc_prologue, pdl_launch
 from .nvfp4_int_dot import quantize_row_block, x16_buffers
-from .nvfp4_mma import hilo_buffers, quantize_row_block_hilo
+from .nvfp4_hilo import hilo_buffers, quantize_row_block_hilo
 from .nvfp4_triton import _store_exact, exact_out
 
 FUSED = True  # measured: docs/RESULTS.md session 11 call 2 (the profile_decode arm "routernorm")
@@ -42,7 +42,7 @@ def router_norm_kernel(x_ptr, delta_ptr, norm_w_ptr, new_x_ptr, normed_ptr, rout
     """Program pid: rows pid * BLOCK_N ... of [router (E rows) | shared gate (row E)] times the normed row;
     program 0 also stores the new residual and the normed row (int16 views for bf16); QUANT: the programs store
     the normed row's nvfp4_int_dot int16 blocks pid, pid + programs, ... (the integer gate/up's input); QUANT 2:
-    nvfp4_mma's high / low bytes of them instead (pairs_ptr: int8 [2 K]; the tensor-core gate/up's input)."""
+    nvfp4_hilo's high / low bytes of them instead (pairs_ptr: int8 [2 K]; the tensor-core gate/up's input)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows <= E
@@ -72,7 +72,7 @@ def router_norm(x: torch.Tensor, delta: torch.Tensor, norm_w: torch.Tensor, eps:
     [1, K] plain tensors of x's dtype -> (new_x [1, K], normed [1, K], logits [1, E + 1]): add_rms_norm(x, delta,
     norm_w, eps)'s bytes (an ulp of rstd on a GPU), then gemv_multi(normed, [router_w, shared_gate]) within the
     rounding of another summation order (see above). One launch, no host sync. quantize (K a multiple of 16):
-    also normed as nvfp4_int_dot.quantize_x16's (pairs, scales), a fourth result; "hilo": as nvfp4_mma.
+    also normed as nvfp4_int_dot.quantize_x16's (pairs, scales), a fourth result; "hilo": as nvfp4_hilo.
     quantize_hilo's (bytes, scales)."""
     k = x.shape[-1]
     for name, t in (("x", x), ("delta", delta)):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from ..kernels import (gemv_norm, nvfp4_experts_parts, nvfp4_int_dot, nvfp4_int_experts, nvfp4_mma,
+from ..kernels import (gemv_norm, nvfp4_experts_parts, nvfp4_hilo, nvfp4_int_dot, nvfp4_int_experts,
                        nvfp4_mma_experts,
                        parts_norm, router_gemv, router_norm, slot_ensure)
 from ..kernels.decode_fused import route_topk
@@ -140,7 +140,7 @@ def _int_gate_up(moe: "SparseMoE") -> bool:
 
 def _mma_gate_up(moe: "SparseMoE", x: torch.Tensor) -> bool:
     """The integer gate/up on the tensor cores (nvfp4_mma_experts.ON) for this layer: x then comes as its high
-    and low bytes (nvfp4_mma.quantize_hilo), not as int16 pairs."""
+    and low bytes (nvfp4_hilo.quantize_hilo), not as int16 pairs."""
     return _int_gate_up(moe) and nvfp4_mma_experts.takes(moe.hidden, x.device)
 
 
@@ -200,7 +200,7 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
     cfg_h, cfg_i = moe.hidden, moe.inter
     if moe.experts.fmt == "nvfp4" and _nvfp4_shared(moe):
         if xq is None and _int_gate_up(moe):  # no router_norm launch made them: one launch here
-            xq = (nvfp4_mma.quantize_hilo if _mma_gate_up(moe, h) else nvfp4_int_dot.quantize_x16)(h.reshape(-1))
+            xq = (nvfp4_hilo.quantize_hilo if _mma_gate_up(moe, h) else nvfp4_int_dot.quantize_x16)(h.reshape(-1))
         gate, up, down_extra = nvfp4_triples(*moe.shared)
         gate_up_extra = gate + up
         rows = expert_weights[0]
