@@ -1,11 +1,12 @@
 """Batch-1 NVFP4 GEMV on the integer tensor cores (mma.sync m16n8k32 s8), no layout conversion.
 
-Why: the step's NVFP4 GEMVs are bound by instruction issue, not by their bytes. The LM head (gemv_multi, 286 MB)
-takes ~129 us against a 63 us plain read of its bytes at 5.8 SASS instructions a code, and the integer dots
+Why: the step's NVFP4 GEMVs looked bound by instruction issue, not by their bytes. The LM head (gemv_multi, 286
+MB) takes ~129 us against a 63 us plain read of its bytes at 5.8 SASS instructions a code, and the integer dots
 (nvfp4_int_dot: dp2a) still spend 3.0-3.8 a code (docs/RESULTS.md sessions 18-25). Here one warp does a tile of
-16 rows, and a code costs ~1.5 instructions (scripts/sass_nvfp4_mma.py counts them): per 8 codes one XOR, three
-shifts and four PRMTs, then two MMAs per 32 codes for the whole warp, and per 16-code group a few integer and
-float operations. (Tried before and removed: Triton's tl.dot on the tensor cores for the LM head, 1.088x the
+16 rows at 1.8 instructions a code (scripts/sass_nvfp4_mma.py counts them): per 8 codes one XOR, three shifts and
+four PRMTs, then two MMAs per 32 codes for the whole warp, and per 16-code group a few integer and float
+operations. Measured (session 26, H100): right (the plain path's bytes) but slower, the LM head alone 147.9 us
+against gemv_multi's 130.5 and gemv_int's 110.6, so issue is not what bounds it; PAIRS tests its loads. (Tried before and removed: Triton's tl.dot on the tensor cores for the LM head, 1.088x the
 step, and for the experts, fp16, 1.05-1.09x: its layout conversions through shared memory cost more than the
 dot saved. Here no tl.dot and no tl.load take part in the tile: one inline PTX block a step does the loads, the
 decode, the MMAs and the scaling, each lane from its own %laneid.)
@@ -43,9 +44,10 @@ from .nvfp4_hilo import QMAX, quantize_hilo
 from .nvfp4_int_dot import _e2m1_int, gemv_int_reference, tables
 from .nvfp4_triton import _store_exact, exact_out
 
-# The fused step's NVFP4 LM head through gemv_mma (decode_fused.logits), x quantized by its own launch. Off until
-# its GPU A/B (profile_decode arm "lmimma"; scripts/bench_nvfp4_int_dot.py has it alone against gemv_multi):
-# logits within x's int16 blocks of gemv_multi's (~2e-5 of the largest), not its bytes.
+# The fused step's NVFP4 LM head through gemv_mma (decode_fused.logits), x quantized by its own launch: logits
+# within x's int16 blocks of gemv_multi's (1.7e-5 of the largest), not its bytes. Off: its GPU A/B (profile_decode
+# arm "lmimma", docs/RESULTS.md session 26, H100) made the step 1.008x (5 of 5 rounds); scripts/
+# bench_nvfp4_int_dot.py has it alone against gemv_multi.
 LM_HEAD = False
 # Each quad's loads of a row as 64 contiguous bytes (tile_sums' PAIRS: lane t's groups 2t, 2t + 1, 8 + 2t, 9 + 2t,
 # ...) instead of each lane reading a 16-byte piece of its own quarter's line (32 lines an instruction). Why: the

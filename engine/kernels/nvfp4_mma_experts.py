@@ -32,8 +32,9 @@ from .nvfp4_mma import check_alignment, pairs_fit, part_sums, steps_groups, thre
 from .route_keys import WARP_EXPERTS, routed_expert, routed_expert_warps, store_route
 
 # The fused step's NVFP4 experts' gate/up through expert_gate_up_mma (moe_fused._gate_up), x's bytes from the
-# router's launch. Off until its GPU A/B (profile_decode arm "gumma"): act within x's int16 blocks of the integer
-# kernel's, not its bytes.
+# router's launch: act within x's int16 blocks of the integer kernel's, not its bytes. Off: its GPU A/B (profile_
+# decode arm "gumma", docs/RESULTS.md session 26, H100) made the resident 16K step 1.043x (5 of 5 rounds; 2 warps
+# 1.056x); nvfp4_mma.PAIRS (its loads) not measured yet.
 ON = False
 # Warps a program on a GPU (each a part of K): 4 make the real gate/up 2,304 warps of ~450 instructions in one
 # wave (576 programs at 76 registers a thread); profile_decode's "guwarps=".
