@@ -6,10 +6,11 @@ MB) takes ~129 us against a 63 us plain read of its bytes at 5.8 SASS instructio
 16 rows at 1.8 instructions a code (scripts/sass_nvfp4_mma.py counts them): per 8 codes one XOR, three shifts and
 four PRMTs, then two MMAs per 32 codes for the whole warp, and per 16-code group a few integer and float
 operations. Measured (session 26, H100): right (the plain path's bytes) but slower, the LM head alone 147.9 us
-against gemv_multi's 130.5 and gemv_int's 110.6, so issue is not what bounds it; PAIRS tests its loads. (Tried before and removed: Triton's tl.dot on the tensor cores for the LM head, 1.088x the
-step, and for the experts, fp16, 1.05-1.09x: its layout conversions through shared memory cost more than the
-dot saved. Here no tl.dot and no tl.load take part in the tile: one inline PTX block a step does the loads, the
-decode, the MMAs and the scaling, each lane from its own %laneid.)
+against gemv_multi's 130.5 and gemv_int's 110.6, so issue is not what bounds it; PAIRS tests its loads.
+(Tried before and removed: Triton's tl.dot on the tensor cores for the LM head, 1.088x the step, and for the
+experts, fp16, 1.05-1.09x: its layout conversions through shared memory cost more than the dot saved. Here no
+tl.dot and no tl.load take part in the tile: one inline PTX block a step does the loads, the decode, the MMAs and
+the scaling, each lane from its own %tid.x.)
 
 The split. Lane (g, t) = (laneid >> 2, laneid & 3) holds rows g and g + 8 of the tile (the MMA's A rows) and owns
 the quarter t of K: codes t K/4 ... (t + 1) K/4 - 1 of both rows. In MMA block b its A registers hold word b of
