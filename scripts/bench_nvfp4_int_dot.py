@@ -56,10 +56,15 @@ def main() -> None:
     arms["mma"] = lambda: gemv_mma(*mma, x.reshape(-1), pairs=False)
     arms["mma alone"] = lambda: gemv_mma(*mma, x.reshape(-1), xq=xq, pairs=False)
     arms["mma pairs alone"] = lambda: gemv_mma(*mma, x.reshape(-1), xq=xq, pairs=True)  # nvfp4_mma.PAIRS
+    for warps in (2, 4):  # each warp a part of K: more warps, a shorter chain of steps each
+        arms[f"mma {warps}w alone"] = lambda warps=warps: gemv_mma(*mma, x.reshape(-1), xq=xq, pairs=False,
+                                                                   warps=warps)
+        arms[f"mma {warps}w pairs alone"] = lambda warps=warps: gemv_mma(*mma, x.reshape(-1), xq=xq, pairs=True,
+                                                                         warps=warps)
     arms["quantize_hilo alone"] = lambda: quantize_hilo(x.reshape(-1), xq)
     ref = arms["gemv_multi"]().float().reshape(-1)
     for name, fn in arms.items():
-        if name.startswith("int") or name.startswith("gemv_multi ") or name in ("mma", "mma pairs alone"):
+        if name.startswith("int") or name.startswith("gemv_multi ") or name.startswith("mma "):
             err = float((fn().float() - ref).abs().max() / ref.abs().max())
             print(f"{name:<18} max |diff| / max |logit| = {err:.2e}", flush=True)
     rounds_table({name: [fn] * args.inner for name, fn in arms.items()}, args.rounds, args.repeat, cuda, nbytes)

@@ -35,7 +35,7 @@ def compile_gemv_sm90(k: int, pdl: bool = True, pairs: bool = False):
     """gemv_mma_kernel at K = k as gemv_mma launches it (fp32 out, PDL); pairs: nvfp4_mma.PAIRS' layout."""
     fn = nm.gemv_mma_kernel
     sig = {name: TYPES.get(name, "constexpr") for name in fn.arg_names}
-    consts = dict(K=k, G=nm.steps_groups(k), DECODE="asm", OUT_BF16=False, USE_GDC=pdl, PAIRS=pairs)
+    consts = dict(K=k, G=nm.steps_groups(k), DECODE="asm", OUT_BF16=False, USE_GDC=pdl, PAIRS=pairs, W=1)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=1, enable_fp_fusion=False))

@@ -62,6 +62,18 @@ def test_the_quads_contiguous_layout_is_the_same_sums_in_another_order(n, k):
     assert nvfp4_mma.pairs_fit(k) and not nvfp4_mma.pairs_fit(192)
 
 
+@pytest.mark.parametrize("n,k,warps", [(37, 256, 2), (40, 512, 4)])
+@pytest.mark.parametrize("pairs", [False, True])
+def test_warps_each_a_part_of_k_are_the_same_sums(n, k, warps, pairs):
+    packed, scales, g = nvfp4(n, k, 4)
+    x = activations(k, 4)
+    ref = gemv_mma_reference(packed.cpu(), scales.cpu(), g.cpu(), x.cpu())
+    out = gemv_mma(packed, scales, g, x, warps=warps, pairs=pairs)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        gemv_mma(packed, scales, g, x, warps=8 * warps)  # parts of K too small for whole 64-code blocks
+
+
 def test_bf16_out_rounds_the_fp32_sums_to_nearest():
     packed, scales, g = nvfp4(24, 128, 5)
     x = activations(128, 5)
@@ -81,16 +93,17 @@ def test_bad_shapes_are_refused_before_any_launch():
 
 
 @GPU
-@pytest.mark.parametrize("n,k,pairs", [(4096 + 13, 2048, False), (2048, 512, False), (64, 64, False),
-                                       (4096 + 13, 2048, True), (2048, 512, True)])
-def test_the_ptx_path_gives_the_plain_paths_bytes(n, k, pairs):
+@pytest.mark.parametrize("n,k,pairs,warps", [(4096 + 13, 2048, False, 1), (2048, 512, False, 1), (64, 64, False, 1),
+                                             (4096 + 13, 2048, True, 1), (2048, 512, True, 1),
+                                             (4096 + 13, 2048, False, 4), (4096 + 13, 2048, True, 2)])
+def test_the_ptx_path_gives_the_plain_paths_bytes(n, k, pairs, warps):
     """The MMA tile against the same sums through tl.load and integer arithmetic: the same integers and the same
     fp32 order, so the same bytes (a wrong fragment layout, table or sign gives other integers)."""
     packed, scales, g = nvfp4(n, k, 7)
     x = activations(k, 7)
     xq = quantize_hilo(x)
-    asm = gemv_mma(packed, scales, g, x, xq=xq, decode="asm", pairs=pairs)
-    plain = gemv_mma(packed, scales, g, x, xq=xq, decode="plain", pairs=pairs)
+    asm = gemv_mma(packed, scales, g, x, xq=xq, decode="asm", pairs=pairs, warps=warps)
+    plain = gemv_mma(packed, scales, g, x, xq=xq, decode="plain", pairs=pairs, warps=warps)
     assert torch.equal(asm, plain)
     ref = gemv_mma_reference(packed.cpu(), scales.cpu(), g.cpu(), x.cpu())
     torch.testing.assert_close(asm.cpu(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))

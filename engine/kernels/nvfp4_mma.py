@@ -293,21 +293,23 @@ def part_sums(acc, W: tl.constexpr):
 @triton.jit
 def gemv_mma_kernel(w_ptr, s_ptr, g_ptr, hl_ptr, xs_ptr, zeros_ptr, tables_ptr, out_ptr, N, K: tl.constexpr,
                     G: tl.constexpr, DECODE: tl.constexpr, OUT_BF16: tl.constexpr, USE_GDC: tl.constexpr = False,
-                    PAIRS: tl.constexpr = False):
-    """Tile pid: rows 16 pid ... 16 pid + 15 (rows past N read row N - 1 and are not stored)."""
+                    PAIRS: tl.constexpr = False, W: tl.constexpr = 1):
+    """Tile pid: rows 16 pid ... 16 pid + 15 (rows past N read row N - 1 and are not stored), W warps each a part
+    of K (tile_sums, part_sums)."""
     gdc_prologue(USE_GDC)  # PDL: x's bytes and scales are the previous kernel's output
-    tid = thread_ids(1, DECODE)
-    row_r = tl.program_id(0) * 16 + (tid >> 2)
-    row_q = row_r + 8
+    tid = thread_ids(W, DECODE)
+    row_r = tl.program_id(0) * 16 + ((tid & 31) >> 2)
     r = tl.minimum(row_r, N - 1).to(tl.int64)
-    q = tl.minimum(row_q, N - 1).to(tl.int64)
+    q = tl.minimum(row_r + 8, N - 1).to(tl.int64)
     acc_r, acc_q = tile_sums(w_ptr + r * (K // 8), w_ptr + q * (K // 8), s_ptr + r * (K // 16),
-                             s_ptr + q * (K // 16), hl_ptr, xs_ptr, zeros_ptr, tables_ptr, tid, K, G, 1, DECODE,
+                             s_ptr + q * (K // 16), hl_ptr, xs_ptr, zeros_ptr, tables_ptr, tid, K, G, W, DECODE,
                              PAIRS)
-    glob = tl.load(g_ptr + 0 * tid) * 0.5  # the codes count double
-    first = (tid & 3) == 0
-    _store_exact(out_ptr + row_r, acc_r * glob, first & (row_r < N), OUT_BF16)
-    _store_exact(out_ptr + row_q, acc_q * glob, first & (row_q < N), OUT_BF16)
+    lane = tl.arange(0, 32)  # the parts' sums by element: element e is thread e (the layout the tile's code checks)
+    out_r = tl.program_id(0) * 16 + (lane >> 2)
+    glob = tl.load(g_ptr + 0 * lane) * 0.5  # the codes count double
+    first = (lane & 3) == 0
+    _store_exact(out_ptr + out_r, part_sums(acc_r, W) * glob, first & (out_r < N), OUT_BF16)
+    _store_exact(out_ptr + out_r + 8, part_sums(acc_q, W) * glob, first & (out_r + 8 < N), OUT_BF16)
 
 
 _ZEROS: dict = {}
@@ -333,15 +335,15 @@ def check_alignment(*tensors: torch.Tensor) -> None:
 
 def gemv_mma(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x: torch.Tensor,
              out_dtype: torch.dtype = torch.float32, *, xq: tuple | None = None, out: torch.Tensor | None = None,
-             decode: str | None = None, pairs: bool | None = None) -> torch.Tensor:
+             decode: str | None = None, pairs: bool | None = None, warps: int = 1) -> torch.Tensor:
     """NVFP4 weight (packed uint8 [N, K/2], E4M3 scales [N, K/16], fp32 global) times x [K] -> [N], 16 rows a
-    one-warp program. xq: x already quantize_hilo'd (None: one more launch here). pairs (None: PAIRS): the
-    quads' contiguous layout where it fits (pairs_fit)."""
+    program of `warps` warps (each a part of K). xq: x already quantize_hilo'd (None: one more launch here).
+    pairs (None: PAIRS): the quads' contiguous layout where it fits (pairs_fit)."""
     n, k = packed.shape[0], 2 * packed.shape[1]
     if packed.dtype != torch.uint8 or scale.shape != (n, k // 16) or x.numel() != k:
         raise ValueError(f"need packed uint8 [N, K/2], scales [N, K/16] and x [K]; got {tuple(packed.shape)}, "
                          f"{tuple(scale.shape)}, {tuple(x.shape)}")
-    G = steps_groups(k)
+    G = steps_groups(k, warps)
     if out_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
     decode = decode or ("asm" if x.is_cuda else "plain")
@@ -356,8 +358,9 @@ def gemv_mma(packed: torch.Tensor, scale: torch.Tensor, scale2: torch.Tensor, x:
         out = torch.empty(n, device=x.device, dtype=out_dtype)
     gemv_mma_kernel[(triton.cdiv(n, 16),)](
         w, s, scale2.reshape(1).to(torch.float32), hl, xs, zeros(x.device), tables(x.device), exact_out(out), n,
-        K=k, G=G, DECODE=decode, OUT_BF16=out.dtype == torch.bfloat16, num_warps=1, enable_fp_fusion=False,
-        PAIRS=(PAIRS if pairs is None else pairs) and pairs_fit(k), **pdl_launch(x.device))
+        K=k, G=G, DECODE=decode, OUT_BF16=out.dtype == torch.bfloat16, num_warps=warps, W=warps,
+        enable_fp_fusion=False, PAIRS=(PAIRS if pairs is None else pairs) and pairs_fit(k, warps),
+        **pdl_launch(x.device))
     return out
 
 
