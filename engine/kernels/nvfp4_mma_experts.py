@@ -5,8 +5,9 @@ of their 10.6 MB, docs/RESULTS.md session 22) at 3.3-5.7 SASS instructions a cod
 that each route themselves. Here a program of W warps does one MMA tile of 16 rows: tile rows g = gate rows
 8 t ... 8 t + 7 of its expert and rows g + 8 = the same up rows, so that lane (g, 0) ends with both sums of
 output 8 t + g and stores act = SiLU(gate) * up itself. Warp p takes the part p of K (nvfp4_mma.tile_sums), and
-the parts add in a fixed order (nvfp4_mma.part_sums). ~1.8 instructions a code, 9 x I / 8 programs (576 for the
-real geometry at I 512), each routing itself once (route_keys) where the experts are resident.
+the parts add in a fixed order (nvfp4_mma.part_sums). 2.0-2.4 instructions a code before routing (1, 2 or 4
+warps; scripts/sass_nvfp4_mma.py), 9 x I / 8 programs (576 for the real geometry at I 512), each warp routing
+itself once (route_keys) where the experts are resident.
 
 act[j] = SiLU(g) * u, g and u each the sum over 16-code groups of (exact integer dot) * E4M3 scale * x's block
 scale in the tile's fixed order, times the global / 2; x in nvfp4_hilo's int16 blocks (|q| <= 32639, high and
@@ -58,8 +59,8 @@ def expert_gate_up_mma_kernel(hl_ptr, xs_ptr, zeros_ptr, tables_ptr, ids_ptr, wo
     """Program (j, t): expert j (0..k-1 routed, k the extra one), outputs 8 t ... 8 t + 7 of its act. ROUTE as
     expert_gate_up_int_kernel's: the routed programs find their expert (rank j of the router's 16-bit logits),
     program (k, 0) (the shared expert's; (0, 0) without one) stores route_topk's outputs; ROUTE 2: a benchmark
-    trace's rows. WARP_ROUTE (E <= 256, k <= 8):
-    the rank found by every warp alone (route_keys.routed_expert_warps)."""
+    trace's rows. WARP_ROUTE (E <= 256, k <= 8): the rank found by every warp alone (route_keys.
+    routed_expert_warps)."""
     gdc_prologue(USE_GDC)  # PDL: x's bytes and the ids are the previous kernels' outputs
     j = tl.program_id(0)
     e_routed = tl.zeros([], dtype=tl.int64)
