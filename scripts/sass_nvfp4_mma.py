@@ -68,15 +68,20 @@ def compile_experts_sm90(warps: int, route: bool = True, pairs: bool = False):
                           options=dict(num_warps=warps, enable_fp_fusion=False))
 
 
+def figures(kernel, name: str, dump: str | None, codes: int) -> dict:
+    """A compiled kernel's registers, spill stack, SASS instructions, IMMA / PRMT / LDG counts, instructions over
+    the `codes` a thread handles, and the layouts of its PTX blocks."""
+    ins, usage, _ = sass_of(kernel, os.path.join(dump or "/tmp", name), bool(dump))
+    ops = lambda op: sum(1 for i in ins if re.match(rf"(@!?P\d+\s+)?{op}\b", i))  # noqa: E731
+    return dict(regs=usage["REG"], stack=usage["STACK"], instrs=len(ins), mma=ops("IMMA"), prmt=ops("PRMT"),
+                ldg=ops("LDG"), per_code=len(ins) / codes, layouts=asm_layouts(kernel.asm["ttgir"]))
+
+
 def count_experts(warps: int, dump: str | None, route: bool = True, pairs: bool = False) -> dict:
     kernel = compile_experts_sm90(warps, route, pairs)
-    name = f"nvfp4_mma_experts_{warps}_{int(route)}_{int(pairs)}"
-    ins, usage, _ = sass_of(kernel, os.path.join(dump or "/tmp", name), bool(dump))
-    codes = 16 * 2048 // (32 * warps)  # the tile's 16 rows over the program's threads
-    ops = lambda op: sum(1 for i in ins if re.match(rf"(@!?P\d+\s+)?{op}\b", i))  # noqa: E731
-    return dict(W=warps, route=route, pairs=pairs, regs=usage["REG"], stack=usage["STACK"], instrs=len(ins),
-                mma=ops("IMMA"), prmt=ops("PRMT"), ldg=ops("LDG"), per_code=len(ins) / codes,
-                layouts=asm_layouts(kernel.asm["ttgir"]))
+    # the tile's 16 rows of 2048 codes over the program's threads
+    return dict(W=warps, route=route, pairs=pairs, **figures(
+        kernel, f"nvfp4_mma_experts_{warps}_{int(route)}_{int(pairs)}", dump, 16 * 2048 // (32 * warps)))
 
 
 def asm_layouts(ttgir: str) -> list[str]:
@@ -88,11 +93,8 @@ def asm_layouts(ttgir: str) -> list[str]:
 
 def count(k: int, dump: str | None, pairs: bool = False) -> dict:
     kernel = compile_gemv_sm90(k, pairs=pairs)
-    ins, usage, _ = sass_of(kernel, os.path.join(dump or "/tmp", f"nvfp4_mma_{k}_{int(pairs)}"), bool(dump))
-    codes = 16 * k // 32  # the tile's 16 rows of K codes over the warp's 32 lanes
-    ops = lambda op: sum(1 for i in ins if re.match(rf"(@!?P\d+\s+)?{op}\b", i))  # noqa: E731
-    return dict(K=k, pairs=pairs, regs=usage["REG"], stack=usage["STACK"], instrs=len(ins), mma=ops("IMMA"),
-                prmt=ops("PRMT"), ldg=ops("LDG"), per_code=len(ins) / codes, layouts=asm_layouts(kernel.asm["ttgir"]))
+    # the tile's 16 rows of K codes over the warp's 32 lanes
+    return dict(K=k, pairs=pairs, **figures(kernel, f"nvfp4_mma_{k}_{int(pairs)}", dump, 16 * k // 32))
 
 
 def main() -> None:

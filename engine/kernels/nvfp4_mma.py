@@ -172,19 +172,10 @@ def _step_asm(acc_r, acc_q, wr, wq, xb, sr, sq, xs, t0, t1, G: tl.constexpr, PAI
     # the sums as int32 bits: the operands are broadcast together, and a float beside a pointer is refused
     args = [acc_r.to(tl.int32, bitcast=True), acc_q.to(tl.int32, bitcast=True), wr.to(b), wq.to(b), xb.to(b),
             sr.to(b), sq.to(b), xs.to(b), t0, t1]
+    ptx: tl.constexpr = STEP_PTX_PAIRS if PAIRS else STEP_PTX_4 if G == 4 else STEP_PTX_2 if G == 2 else STEP_PTX_1
     # not pure: its loads must stay after the PDL wait (gdc_prologue), where the previous kernel's x is visible
-    if PAIRS:
-        r, q = tl.inline_asm_elementwise(STEP_PTX_PAIRS, _STEP_CONSTRAINTS, args, dtype=(tl.int32, tl.int32),
-                                         is_pure=False, pack=1)
-    elif G == 4:
-        r, q = tl.inline_asm_elementwise(STEP_PTX_4, _STEP_CONSTRAINTS, args, dtype=(tl.int32, tl.int32),
-                                         is_pure=False, pack=1)
-    elif G == 2:
-        r, q = tl.inline_asm_elementwise(STEP_PTX_2, _STEP_CONSTRAINTS, args, dtype=(tl.int32, tl.int32),
-                                         is_pure=False, pack=1)
-    else:
-        r, q = tl.inline_asm_elementwise(STEP_PTX_1, _STEP_CONSTRAINTS, args, dtype=(tl.int32, tl.int32),
-                                         is_pure=False, pack=1)
+    r, q = tl.inline_asm_elementwise(ptx, _STEP_CONSTRAINTS, args, dtype=(tl.int32, tl.int32), is_pure=False,
+                                     pack=1)
     return r.to(tl.float32, bitcast=True), q.to(tl.float32, bitcast=True)
 
 
