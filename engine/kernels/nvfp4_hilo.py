@@ -17,6 +17,7 @@ from .launch import gdc_prologue, pdl_launch
 from .nvfp4_int_dot import quantize_x16_reference
 
 QMAX = 32639  # the largest |q| whose high byte (q + 128) >> 8 is still an int8
+_QMAX = tl.constexpr(float(QMAX))  # the kernels' copy
 
 
 @triton.jit
@@ -34,10 +35,10 @@ def quantize_row_block_hilo(row, b, hl_ptr, scales_ptr, K: tl.constexpr, BLOCK_H
     cols = tl.arange(0, BLOCK_H)
     in_block = cols // 16 == b
     amax = tl.max(tl.abs(tl.where(in_block, row, 0.0)), axis=0)
-    hi, lo = _hilo_block(row, tl.math.div_rn(32639.0, tl.where(amax > 0, amax, 1.0)))
+    hi, lo = _hilo_block(row, tl.math.div_rn(_QMAX, tl.where(amax > 0, amax, 1.0)))
     tl.store(hl_ptr + cols, hi.to(tl.int8), mask=in_block)
     tl.store(hl_ptr + K + cols, lo.to(tl.int8), mask=in_block)
-    tl.store(scales_ptr + b, tl.math.div_rn(amax, 32639.0))
+    tl.store(scales_ptr + b, tl.math.div_rn(amax, _QMAX))
 
 
 @triton.jit
@@ -51,10 +52,10 @@ def quantize_hilo_kernel(x_ptr, hl_ptr, scales_ptr, K, BLOCK_G: tl.constexpr, US
     cols = g[:, None] * 16 + tl.arange(0, 16)[None, :]
     x = tl.load(x_ptr + cols, mask=mask_g[:, None], other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
-    hi, lo = _hilo_block(x, tl.math.div_rn(32639.0, tl.where(amax > 0, amax, 1.0))[:, None])
+    hi, lo = _hilo_block(x, tl.math.div_rn(_QMAX, tl.where(amax > 0, amax, 1.0))[:, None])
     tl.store(hl_ptr + cols, hi.to(tl.int8), mask=mask_g[:, None])
     tl.store(hl_ptr + K + cols, lo.to(tl.int8), mask=mask_g[:, None])
-    tl.store(scales_ptr + g, tl.math.div_rn(amax, 32639.0), mask=mask_g)
+    tl.store(scales_ptr + g, tl.math.div_rn(amax, _QMAX), mask=mask_g)
 
 
 def hilo_buffers(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

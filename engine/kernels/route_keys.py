@@ -115,10 +115,20 @@ def route_rank_key_warps(logits_ptr, E, j, W: tl.constexpr, DECODE: tl.constexpr
 def routed_expert_warps(logits_ptr, E, j, W: tl.constexpr, DECODE: tl.constexpr, ids_ptr, TRACE: tl.constexpr):
     """routed_expert's expert (int64) through route_rank_key_warps (E <= WARP_EXPERTS, j <= 7); with TRACE the
     trace's row ids[j], the rank still found."""
-    key = route_rank_key_warps(logits_ptr, E, j, W, DECODE)
+    return _expert_of(route_rank_key_warps(logits_ptr, E, j, W, DECODE), ids_ptr, j, TRACE)
+
+
+@triton.jit
+def _expert_of(key, ids_ptr, j, TRACE: tl.constexpr, L2_ONLY: tl.constexpr = False):
+    """A rank's key as its expert (int64); with TRACE the trace's row ids[j] (read from L2 where L2_ONLY), the rank
+    still found (a key is never -2^31 + 1: it stays live)."""
     e = _id(key).to(tl.int64)
     if TRACE:
-        e = tl.where(key == -2147483647, e, tl.load(ids_ptr + j).to(tl.int64))
+        if L2_ONLY:
+            traced = tl.load(ids_ptr + j, cache_modifier=".cg")
+        else:
+            traced = tl.load(ids_ptr + j)
+        e = tl.where(key == -2147483647, e, traced.to(tl.int64))
     return e
 
 
@@ -128,15 +138,7 @@ def routed_expert(logits_ptr, E, j, BLOCK_E: tl.constexpr, ids_ptr, TRACE: tl.co
     """The expert a program of rank j finds itself (int64): route_rank_key's; with TRACE (a benchmark's routing
     trace) ids[j], the trace's row, with the rank still found (a key is never -2^31 + 1: it stays live).
     L2_ONLY: the logits and the trace's id read from L2 (see _keys)."""
-    key = route_rank_key(logits_ptr, E, j, BLOCK_E, L2_ONLY)
-    e = _id(key).to(tl.int64)
-    if TRACE:
-        if L2_ONLY:
-            traced = tl.load(ids_ptr + j, cache_modifier=".cg")
-        else:
-            traced = tl.load(ids_ptr + j)
-        e = tl.where(key == -2147483647, e, traced.to(tl.int64))
-    return e
+    return _expert_of(route_rank_key(logits_ptr, E, j, BLOCK_E, L2_ONLY), ids_ptr, j, TRACE, L2_ONLY)
 
 
 def check_route_logits(logits: torch.Tensor, experts: int, k: int) -> torch.Tensor:
