@@ -190,7 +190,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "dnpre": (nvfp4_experts_parts, "PRELOAD"),
             "mmastep": (gemv_multi, "MMA_STEP_SCALE"), "lmimma": (nvfp4_mma, "LM_HEAD"),
             "gumma": (nvfp4_mma_experts, "ON"), "mmapairs": (nvfp4_mma, "PAIRS"),
-            "dntiles": (nvfp4_down_tiles, "ON")}
+            "dntiles": (nvfp4_down_tiles, "ON"), "dntearly": (nvfp4_down_tiles, "EARLY")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}
@@ -206,7 +206,7 @@ VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES
 # model is built or loaded: arms that differ only in these can share one model (--share-model).
 AT_LAUNCH = {"gugroups", "dngroups", "dnroute", "dnpre", "fp8mma", "mmastep", "downpf", "prefetch", "gubn", "downbm",
              "mmabk", "mmastages", "mmamin", "mixedfew", "lmimma", "gumma", "guwarps",
-             "mmapairs", "dntiles", "dntbm", "dntwarps"}
+             "mmapairs", "dntiles", "dntearly", "dntbm", "dntwarps"}
 
 
 def shares_model(arm_name: str, first: str) -> bool:

@@ -50,13 +50,15 @@ def compile_down_sm90(groups: bool, route: bool = False, preload: bool = False):
                           options=dict(num_warps=WARPS))
 
 
-def compile_tiles_sm90(block_m: int, warps: int):
-    """nvfp4_down_tiles' launch (every expert of a tile in one program, TILE_SUMS' outputs) for sm_90."""
+def compile_tiles_sm90(block_m: int, warps: int, early: bool = False):
+    """nvfp4_down_tiles' launch (every expert of a tile in one program, TILE_SUMS' outputs) for sm_90; early: the
+    experts found and the rows loaded before the PDL wait (nvfp4_down_tiles.EARLY)."""
     fn = dt.expert_down_tiles_kernel
-    types = dict(TYPES, sums_ptr="*fp32", extra_scale_ptr="*fp32")
+    types = dict(TYPES, sums_ptr="*fp32", extra_scale_ptr="*fp32", **(dict(logits_ptr="*bf16", E="i32") if early else {}))
     sig = {name: types.get(name, "constexpr") for name in fn.arg_names}
     consts = dict(K_ROUTED=8, KP=8, HAS_EXTRA_SCALE=True, BLOCK_M=block_m, BLOCK_G=I // 16, DECODE="asm", ROUND=1,
-                  USE_GDC=True)
+                  USE_GDC=True, EARLY_ROUTE=int(early), BLOCK_E=256,
+                  **({} if early else dict(E=0, logits_ptr=None)))
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n].startswith("*") or n in ("H", "I", "dn_at", "dn_scale_at")}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
@@ -85,10 +87,12 @@ def main() -> None:
                    bool(args.dump))
         _row(name, c)
     # nvfp4_down_tiles (all 9 experts of a tile in one program; straight-line code, no branch per expert)
-    for block_m, warps in ((4, 2), (8, 4), (2, 1), (8, 2)):
-        c = counts(compile_tiles_sm90(block_m, warps), os.path.join(args.dump or "/tmp", f"tiles_{block_m}x{warps}"),
+    for block_m, warps, early in ((4, 2, False), (8, 4, False), (2, 1, False), (8, 2, False), (4, 2, True),
+                                  (8, 4, True)):
+        name = f"tiles {block_m}x{warps}{' early' if early else ''}"
+        c = counts(compile_tiles_sm90(block_m, warps, early), os.path.join(args.dump or "/tmp", name.replace(" ", "_")),
                    bool(args.dump), 9 * block_m * I / (32 * warps))
-        _row(f"tiles {block_m}x{warps}", c)
+        _row(name, c)
 
 
 def _row(name: str, c: dict) -> None:

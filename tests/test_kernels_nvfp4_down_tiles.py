@@ -117,3 +117,65 @@ def test_every_down_launch_of_the_step_takes_it_and_the_logits_keep_their_bytes(
     parts, tiles = "expert_down_parts_kernel", "expert_down_tiles_kernel"
     assert launches == [parts] * 2 * layers + [tiles] * (layers - 1) + [parts] + [tiles] * (layers - 1) + [parts]
     assert torch.isfinite(got).all() and torch.equal(got, want)
+
+
+def test_the_experts_found_before_the_wait_give_the_ids_bytes(monkeypatch):
+    """EARLY (route= given): the programs find the k experts from the logits and load their rows before the PDL
+    wait; the same bytes as reading route_topk's ids after it. Under a trace the trace's rows are taken (they
+    differ from the logits' top-k here), the ranks still found."""
+    hidden, inter, experts, k = 144, 48, 20, 5
+    act, weights, ids, rows, logits, extra, scale = _case(hidden, inter, experts, k, 81)
+    x = _x(hidden, 82)
+    trace = torch.tensor([[7, 3, 19, 3, 0]], device=DEVICE)
+    for chosen, traced in ((ids, False), (trace, True)):
+        call = lambda: expert_down_tiles(act, weights, chosen, rows, hidden, inter, extra, scale, x,  # noqa: E731
+                                         block_m=16, route=(logits, experts, traced))
+        monkeypatch.setattr(nvfp4_down_tiles, "EARLY", False)
+        want = call()
+        monkeypatch.setattr(nvfp4_down_tiles, "EARLY", True)
+        got = call()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[1].abs().sum() > 0
+    assert not torch.equal(trace, ids)
+    with pytest.raises(ValueError, match="route's logits"):
+        expert_down_tiles(act, weights, ids, rows, hidden, inter, extra, scale, x, route=(logits[:-1], experts, False))
+
+
+_COMPILE = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from qwenlocal.engine.kernels import nvfp4_down_tiles as d
+fn, out = d.expert_down_tiles_kernel, {}
+for early in (0, 1, 2):
+    sig = {n: "constexpr" for n in fn.arg_names}
+    sig.update(act_ptr="*fp32", wts_ptr="*bf16", ids_ptr="*i64", words_ptr="*i32", bytes_ptr="*u8", xd_w="*i32",
+               xd_s="*u8", xd_g="*fp32", extra_scale_ptr="*fp32", x_ptr="*bf16", new_x_out_ptr="*i16",
+               sums_ptr="*fp32", I="i32", H="i32", row_words="i32", dn_at="i32", dn_scale_at="i32", glob_at="i32")
+    consts = dict(K_ROUTED=8, KP=8, HAS_EXTRA_SCALE=True, BLOCK_M=4, BLOCK_G=32, DECODE="asm", ROUND=1, USE_GDC=True,
+                  EARLY_ROUTE=early, BLOCK_E=256)
+    if early:
+        sig.update(logits_ptr="*bf16", E="i32")
+    else:
+        consts.update(logits_ptr=None, E=0)
+    k = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=2))
+    out[early] = k.asm["ptx"]
+print(json.dumps(out))
+"""
+
+
+def test_sm90_code_loads_the_rows_before_the_wait_and_the_activations_after(tmp_path):
+    from sass_support import sm90_json
+    from test_down_preload import _split_loads
+
+    out = sm90_json(_COMPILE, tmp_path)
+    for early in ("1", "2"):
+        before, after = _split_loads(out[early])
+        # the logits (from L2), the code words and the scale bytes before the wait; the activations after it
+        assert any(".cg" in op for op in before), before
+        assert "ld.global.v2.b32" in before and "ld.global.u8" in before, before
+        assert "ld.global.v4.f32" in after and "ld.global.v4.f32" not in before
+        assert "ld.global.v2.b32" not in after and "ld.global.u8" not in after, after
+    # the negative control: without the early route nothing is loaded before the wait
+    before, after = _split_loads(out["0"])
+    assert not before and "ld.global.v2.b32" in after

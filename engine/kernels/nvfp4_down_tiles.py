@@ -28,6 +28,7 @@ from .nvfp4_down_groups import _chain_asm, _chain_plain, _load_asm, _load_plain,
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
 from .nvfp4_experts_parts import expert_down_parts_reference
 from .nvfp4_triton import _store_exact, exact_out
+from .route_keys import NONE, _id, _keys, check_route_logits
 from ..quant.formats import dequant_nvfp4
 
 # Off until its GPU A/B (profile_decode arm "dntiles"): the serial NVFP4 down launch with TILE_SUMS' outputs
@@ -38,6 +39,14 @@ ON = False
 # and scale bytes loaded before the first chain), the whole launch one wave.
 BLOCK_M = 4
 WARPS = 2
+# Where gate/up routes itself (route= given: resident experts), each program finds all k experts from the router's
+# logits and loads every row's code words and scale bytes BEFORE its PDL wait, so that after it only the
+# activations (from L2), the weights and the residual are read: the rows' DRAM latency leaves the chain wherever
+# the program is resident before gate/up ends (at gubn=2 gate/up is one wave and both launches fit an SM). The
+# logits are router_norm's, the launch before gate/up, complete before gate/up's programs let this launch start
+# (nvfp4_experts_parts.ROUTE says why), read from L2. The same experts, so the same bytes. On with the tiles;
+# profile_decode's "no-dntearly" reads the ids after the wait instead.
+EARLY = True
 
 
 @triton.jit
@@ -63,16 +72,41 @@ def _chains(w0, w1, act_ptr, DECODE: tl.constexpr):
     return part
 
 
+@triton.jit
+def _early_experts(logits_ptr, E, ids_ptr, jj, mask_j, K_ROUTED: tl.constexpr, BLOCK_E: tl.constexpr,
+                   TRACE: tl.constexpr):
+    """The routed experts [KP] (int64) of ranks 0..k-1 of the router's logits, read from L2 before the PDL wait
+    (see EARLY): route_keys' keys and integer maxima, route_topk's ids; with TRACE a benchmark trace's ids (written
+    before the step's first kernel, read from L2), the ranks still found."""
+    keys = _keys(logits_ptr, E, BLOCK_E, True)
+    found = tl.zeros(jj.shape, dtype=tl.int64)
+    live = tl.zeros(jj.shape, dtype=tl.int32)
+    for r in tl.static_range(K_ROUTED):
+        best = tl.max(keys, axis=0)
+        found = tl.where(jj == r, _id(best).to(tl.int64), found)
+        live = tl.where(jj == r, best, live)
+        keys = tl.where(keys == best, NONE, keys)
+    if TRACE:  # a key is never -2^31 + 1: the trace's ids are taken, the search stays live
+        traced = tl.load(ids_ptr + jj, mask=mask_j, other=0, cache_modifier=".cg").to(tl.int64)
+        found = tl.where(live == -2147483647, found, traced)
+    return found
+
+
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])
 def expert_down_tiles_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, I, row_words, dn_at, dn_scale_at,
                              glob_at, xd_w, xd_s, xd_g, extra_scale_ptr, x_ptr, new_x_out_ptr, sums_ptr, H,
                              K_ROUTED: tl.constexpr, KP: tl.constexpr, HAS_EXTRA_SCALE: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, DECODE: tl.constexpr,
-                             ROUND: tl.constexpr, USE_GDC: tl.constexpr = False):
+                             ROUND: tl.constexpr, USE_GDC: tl.constexpr = False, logits_ptr=None, E=0,
+                             EARLY_ROUTE: tl.constexpr = 0, BLOCK_E: tl.constexpr = 32):
     """Program t: rows m = t * BLOCK_M ... of the new residual x + sum_j parts[j] (j = 0..k-1 the routed experts
     ids[j], weighted by weights[j]; k the shared expert, times extra_scale) and their sum of squares at sums[t].
-    Masked rows, groups and experts read row 0 / group 0 / expert ids[0] and add nothing."""
-    gdc_prologue(USE_GDC)  # PDL: act, the ids and weights are gate/up's (or route_topk's) outputs
+    Masked rows, groups and experts read row 0 / group 0 / expert ids[0] and add nothing.
+    EARLY_ROUTE (see EARLY): the experts found from the router's logits and every row's words and scale bytes
+    loaded before the PDL wait (2: a benchmark trace's ids, the ranks still found); after it only the activations,
+    the weights and the residual."""
+    if EARLY_ROUTE == 0:
+        gdc_prologue(USE_GDC)  # PDL: act, the ids and weights are gate/up's (or route_topk's) outputs
     t = tl.program_id(0)
     m = t * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = m < H
@@ -82,7 +116,10 @@ def expert_down_tiles_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, I,
     g = tl.where(mask_g, grp, 0)[None, :]  # [1, BLOCK_G]
     jj = tl.arange(0, KP)
     mask_j = jj < K_ROUTED
-    e = tl.load(ids_ptr + jj, mask=mask_j, other=0).to(tl.int64)
+    if EARLY_ROUTE > 0:
+        e = _early_experts(logits_ptr, E, ids_ptr, jj, mask_j, K_ROUTED, BLOCK_E, EARLY_ROUTE == 2)
+    else:
+        e = tl.load(ids_ptr + jj, mask=mask_j, other=0).to(tl.int64)
     base = words_ptr + e * row_words  # each routed expert's row (as words)
     rows3, g3 = r[None, :, :], g[None, :, :]
     cw = (base + dn_at)[:, None, None] + rows3 * (I // 8) + 2 * g3  # [KP, BLOCK_M, BLOCK_G]: a group's first word
@@ -94,6 +131,8 @@ def expert_down_tiles_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, I,
     # they are all issued here, and the chains wait only for the bytes they use
     tl.debug_barrier()
     glob = tl.load(base + glob_at + 2).to(tl.float32, bitcast=True) * 16384.0  # 2^14: the codes' scaling
+    if EARLY_ROUTE > 0:  # the rows are resident experts' (no kernel writes them); the rest is gate/up's
+        gdc_prologue(USE_GDC)
     scales = tl.load(wts_ptr + jj, mask=mask_j, other=0.0).to(tl.float32) * glob  # [KP]
     ap = act_ptr + jj[:, None, None] * I + 16 * g3 + 0 * rows3  # the tile's shape: one layout for all operands
     part = _chains(w0, w1, ap, DECODE) * _e4m3_bytes(sb)
@@ -119,14 +158,17 @@ def expert_down_tiles_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, I,
 
 def expert_down_tiles(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, hidden: int,
                       inter: int, extra: tuple, extra_scale: torch.Tensor | None, x: torch.Tensor, *,
-                      block_m: int | None = None, num_warps: int | None = None,
-                      decode: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      block_m: int | None = None, num_warps: int | None = None, decode: str | None = None,
+                      route: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(new_x [1, H] in x's dtype, tile sums fp32 [H / block_m]): expert_down_parts(..., groups=True, sums=(x, ...))'s
     two results in one launch of H / block_m programs. act fp32 [k + 1, I] (gate/up's, the shared expert's last),
     weights [1, k], ids [1, k] (rows of `rows`), extra = the shared expert's (down_packed, down_scale,
     down_scale2), extra_scale its gate (fp32 [1]) or None. block_m / num_warps: None is BLOCK_M (read at the call:
     the tile sums' size) / WARPS on a GPU.
-    decode: "asm" (CUDA: the group path's PTX; needs 16-byte aligned rows, act and shared words) or "plain"."""
+    decode: "asm" (CUDA: the group path's PTX; needs 16-byte aligned rows, act and shared words) or "plain".
+    route = (logits [E + 1] bf16/fp16, E, traced): with the switch EARLY the programs find the experts and load
+    their rows before the PDL wait; ids must then be route_topk's ids of those logits (gate/up writes them), or
+    with traced a benchmark trace's ids (the rows taken, the ranks still found)."""
     words = _check(rows, hidden, inter)
     k = ids.shape[-1]
     if act.shape != (k + 1, inter) or act.dtype != torch.float32:
@@ -153,12 +195,17 @@ def expert_down_tiles(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     sums = torch.empty(tiles, device=x.device, dtype=torch.float32)
     off = _row_offsets(hidden, inter)
     scale = extra_scale.reshape(-1) if extra_scale is not None else act
+    early = {}
+    if route is not None and EARLY and k > 0:
+        logits, experts, traced = route
+        early = dict(logits_ptr=check_route_logits(logits, experts, k), E=experts, EARLY_ROUTE=2 if traced else 1,
+                     BLOCK_E=triton.next_power_of_2(experts))
     expert_down_tiles_kernel[(tiles,)](
         act, weights.reshape(-1).contiguous(), ids.reshape(-1).contiguous(), words, rows, inter, words.stride(0),
         off["dn_at"], off["dn_scale_at"], off["glob_at"], xd_w, xd_s, xd_g, scale, x, exact_out(new_x), sums, hidden,
         K_ROUTED=k, KP=triton.next_power_of_2(max(k, 1)), HAS_EXTRA_SCALE=extra_scale is not None,
         BLOCK_M=block_m, BLOCK_G=triton.next_power_of_2(inter // 16), DECODE=decode, ROUND=round_code(x.dtype),
-        num_warps=num_warps, **pdl_launch(rows.device))
+        num_warps=num_warps, **early, **pdl_launch(rows.device))
     return new_x, sums
 
 

@@ -211,7 +211,8 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
             down_route = None if route is None else (route[0], route[1], trace_ids is not None)
             if sums is not None and nvfp4_down_tiles.ON:  # every expert of a tile in one program, no tail
                 return _deferred(nvfp4_down_tiles.expert_down_tiles(act, weights, slots, rows, cfg_h, cfg_i,
-                                                                     down_extra, shared_scale, sums[0]), next_norm)
+                                                                     down_extra, shared_scale, sums[0],
+                                                                     route=down_route), next_norm)
             if sums is not None:  # the next norm left to the next layer's first GEMV
                 return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                                    extra_scale=shared_scale, sums=sums, route=down_route), next_norm)
