@@ -116,9 +116,35 @@ def _chain_plain(w0, w1, ap):
 
 
 @triton.jit
+def scale_values(sb):
+    """E4M3 scale bytes (int32 holding the byte) as fp32."""
+    return sb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def load_words(cw, sp, DECODE: tl.constexpr):
+    """Groups' two code words and scale byte at cw / sp (any tile shape): the PTX block or its tl.load form."""
+    if DECODE == "asm":
+        w0, w1, sb = _load_asm(cw, sp)
+    else:
+        w0, w1, sb = _load_plain(cw, sp)
+    return w0, w1, sb
+
+
+@triton.jit
+def chains(w0, w1, ap, DECODE: tl.constexpr):
+    """Groups' 16-FMA chains over the given words against the activations at ap (any tile shape)."""
+    if DECODE == "asm":
+        part = _chain_asm(w0, w1, ap)
+    else:
+        part = _chain_plain(w0, w1, ap)
+    return part
+
+
+@triton.jit
 def _scaled_sum(part, sb, mask_m, mask_g):
     """The rows' sums over their groups of the chains times the groups' E4M3 scale bytes (masked ones add 0)."""
-    scaled = part * sb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    scaled = part * scale_values(sb)
     return tl.sum(tl.where(mask_m[:, None] & mask_g[None, :], scaled, 0.0), axis=1)
 
 
@@ -144,11 +170,7 @@ def load_groups(w_ptr, s_ptr, m, mask_m, I, BLOCK_G: tl.constexpr, DECODE: tl.co
     (rows_groups_loaded takes them after it)."""
     r, g, _ = _group_tile(m, mask_m, I, BLOCK_G)
     cw, sp = _group_weights(w_ptr, s_ptr, r, g, I)
-    if DECODE == "asm":
-        w0, w1, sb = _load_asm(cw, sp)
-    else:
-        w0, w1, sb = _load_plain(cw, sp)
-    return w0, w1, sb
+    return load_words(cw, sp, DECODE)
 
 
 @triton.jit
@@ -156,11 +178,7 @@ def rows_groups_loaded(w0, w1, sb, m, mask_m, act_ptr, I, BLOCK_G: tl.constexpr,
     """rows_groups' value with the words and scale bytes given (load_groups'): the same chains, the same sum."""
     r, g, mask_g = _group_tile(m, mask_m, I, BLOCK_G)
     ap = act_ptr + 16 * g + 0 * r
-    if DECODE == "asm":
-        part = _chain_asm(w0, w1, ap)
-    else:
-        part = _chain_plain(w0, w1, ap)
-    return _scaled_sum(part, sb, mask_m, mask_g)
+    return _scaled_sum(chains(w0, w1, ap, DECODE), sb, mask_m, mask_g)
 
 
 @triton.jit

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .decode_norm import _round_as, round_code
 from .launch import gdc_prologue, pdl_launch
-from .nvfp4_down_groups import _chain_asm, _chain_plain, _load_asm, _load_plain, _scaled_sum
+from .nvfp4_down_groups import _scaled_sum, chains, load_words, scale_values
 from .nvfp4_experts_decode import _check, _matrix, _row_offsets
 from .nvfp4_experts_parts import expert_down_parts_reference
 from .nvfp4_triton import _store_exact, exact_out
@@ -47,29 +47,6 @@ WARPS = 2
 # (nvfp4_experts_parts.ROUTE says why), read from L2. The same experts, so the same bytes. On with the tiles;
 # profile_decode's "no-dntearly" reads the ids after the wait instead.
 EARLY = True
-
-
-@triton.jit
-def _e4m3_bytes(sb):
-    return sb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _loads(w_ptr, s_ptr, DECODE: tl.constexpr):
-    if DECODE == "asm":
-        w0, w1, sb = _load_asm(w_ptr, s_ptr)
-    else:
-        w0, w1, sb = _load_plain(w_ptr, s_ptr)
-    return w0, w1, sb
-
-
-@triton.jit
-def _chains(w0, w1, act_ptr, DECODE: tl.constexpr):
-    if DECODE == "asm":
-        part = _chain_asm(w0, w1, act_ptr)
-    else:
-        part = _chain_plain(w0, w1, act_ptr)
-    return part
 
 
 @triton.jit
@@ -125,8 +102,8 @@ def expert_down_tiles_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, I,
     cw = (base + dn_at)[:, None, None] + rows3 * (I // 8) + 2 * g3  # [KP, BLOCK_M, BLOCK_G]: a group's first word
     sp = (bytes_ptr + e * row_words * 4 + dn_scale_at)[:, None, None] + rows3 * (I // 16) + g3
     # Every row's code words and scale bytes first (the shared expert's too), then the chains.
-    w0, w1, sb = _loads(cw, sp, DECODE)
-    xw0, xw1, xsb = _loads(xd_w + r * (I // 8) + 2 * g, xd_s + r * (I // 16) + g, DECODE)
+    w0, w1, sb = load_words(cw, sp, DECODE)
+    xw0, xw1, xsb = load_words(xd_w + r * (I // 8) + 2 * g, xd_s + r * (I // 16) + g, DECODE)
     # ptxas would sink some of those loads among the chains (register pressure); none moves past a barrier, so
     # they are all issued here, and the chains wait only for the bytes they use
     tl.debug_barrier()
@@ -135,14 +112,14 @@ def expert_down_tiles_kernel(act_ptr, wts_ptr, ids_ptr, words_ptr, bytes_ptr, I,
         gdc_prologue(USE_GDC)
     scales = tl.load(wts_ptr + jj, mask=mask_j, other=0.0).to(tl.float32) * glob  # [KP]
     ap = act_ptr + jj[:, None, None] * I + 16 * g3 + 0 * rows3  # the tile's shape: one layout for all operands
-    part = _chains(w0, w1, ap, DECODE) * _e4m3_bytes(sb)
+    part = chains(w0, w1, ap, DECODE) * scale_values(sb)
     ok = mask_j[:, None, None] & mask_m[None, :, None] & mask_g[None, None, :]
     parts = tl.sum(tl.where(ok, part, 0.0), axis=2) * scales[:, None]  # [KP, BLOCK_M]
     # The parts in order from part 0: -0.0 is the fill, so a masked-out expert adds exactly nothing (x + -0 = x).
     delta = tl.sum(tl.where(jj[:, None] == 0, parts, -0.0), axis=0)
     for j in tl.static_range(1, K_ROUTED):
         delta += tl.sum(tl.where(jj[:, None] == j, parts, -0.0), axis=0)
-    shared = _scaled_sum(_chains(xw0, xw1, act_ptr + K_ROUTED * I + 16 * g + 0 * r, DECODE), xsb, mask_m, mask_g)
+    shared = _scaled_sum(chains(xw0, xw1, act_ptr + K_ROUTED * I + 16 * g + 0 * r, DECODE), xsb, mask_m, mask_g)
     x_scale = tl.load(xd_g) * 16384.0
     if HAS_EXTRA_SCALE:
         x_scale = tl.load(extra_scale_ptr).to(tl.float32) * x_scale
