@@ -19,6 +19,10 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . || exit 1
+# FlashInfer's JIT builds with ninja, which rebuilds a module whose sources are newer than its objects, and every
+# install above gives the sources a new mtime: one fixed old date keeps a carried (or this warm machine's) build
+# current. Without it session 27's warm calls compiled the small model's prefill module again (>100 s each).
+find /tmp/site -type f -exec touch -h -d '2001-01-01 00:00:00' {} + 2>/dev/null
 export QWENLOCAL_HOME=$(mktemp -d)
 # Triton, FlashInfer and fla JIT caches in one folder: a fresh machine compiles for ~2-3 min without them.
 KCACHE=/tmp/kcache; mkdir -p "$KCACHE"

@@ -44,7 +44,7 @@ from graph_timeline import print_timeline, timeline
 from qwenlocal.engine import Engine
 from qwenlocal.engine.kernels import (attention_decode, decode_router, gdn_decode, gemv_mixed, gemv_multi, gemv_norm,
                                       nvfp4_experts_decode, nvfp4_experts_parts, nvfp4_int_experts, nvfp4_mma,
-                                      nvfp4_down_tiles, nvfp4_mma_experts,
+                                      nvfp4_mma_experts,
                                       parts_norm, router_gemv, router_norm, slot_ensure)
 from qwenlocal.engine.bench.filled_context import fill_context
 from qwenlocal.engine.bench.measure import device_gbps
@@ -189,8 +189,7 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "dngroups": (nvfp4_experts_parts, "GROUPS"), "dnroute": (nvfp4_experts_parts, "ROUTE"),
             "dnpre": (nvfp4_experts_parts, "PRELOAD"),
             "mmastep": (gemv_multi, "MMA_STEP_SCALE"), "lmimma": (nvfp4_mma, "LM_HEAD"),
-            "gumma": (nvfp4_mma_experts, "ON"), "mmapairs": (nvfp4_mma, "PAIRS"),
-            "dntiles": (nvfp4_down_tiles, "ON"), "dntearly": (nvfp4_down_tiles, "EARLY")}
+            "gumma": (nvfp4_mma_experts, "ON"), "mmapairs": (nvfp4_mma, "PAIRS")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}
@@ -199,14 +198,13 @@ VALUES = {"gdnbv": (gdn_decode, "BLOCK_V"), "attnsplits": (attention_decode, "SP
           "attnbt": (attention_decode, "BLOCK_T"), "downbm": (nvfp4_experts_parts, "BLOCK_M"),
           "gubn": (nvfp4_int_experts, "BLOCK_N_GPU"), "mmabk": (gemv_multi, "MMA_BLOCK_K"),
           "mmastages": (gemv_multi, "MMA_STAGES"), "mmamin": (gemv_multi, "MMA_MIN_TILES"),
-          "guwarps": (nvfp4_mma_experts, "WARPS"), "dntbm": (nvfp4_down_tiles, "BLOCK_M"),
-          "dntwarps": (nvfp4_down_tiles, "WARPS")}
+          "guwarps": (nvfp4_mma_experts, "WARPS"), "lmwarps": (nvfp4_mma, "LM_WARPS")}
 VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES.items()}
 # Switches and values read only when a step's kernels are launched (in the kernels' wrappers), never while the
 # model is built or loaded: arms that differ only in these can share one model (--share-model).
 AT_LAUNCH = {"gugroups", "dngroups", "dnroute", "dnpre", "fp8mma", "mmastep", "downpf", "prefetch", "gubn", "downbm",
              "mmabk", "mmastages", "mmamin", "mixedfew", "lmimma", "gumma", "guwarps",
-             "mmapairs", "dntiles", "dntearly", "dntbm", "dntwarps"}
+             "mmapairs", "lmwarps"}
 
 
 def shares_model(arm_name: str, first: str) -> bool:

@@ -21,7 +21,6 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from qwenlocal.engine.kernels import nvfp4_down_tiles as dt  # noqa: E402
 from qwenlocal.engine.kernels import nvfp4_experts_parts as ep  # noqa: E402
 from sass_util import sass_of  # noqa: E402 (scripts/ is on sys.path when this runs as a script)
 
@@ -50,27 +49,13 @@ def compile_down_sm90(groups: bool, route: bool = False, preload: bool = False):
                           options=dict(num_warps=WARPS))
 
 
-def compile_tiles_sm90(block_m: int, warps: int, early: bool = False):
-    """nvfp4_down_tiles' launch (every expert of a tile in one program, TILE_SUMS' outputs) for sm_90; early: the
-    experts found and the rows loaded before the PDL wait (nvfp4_down_tiles.EARLY)."""
-    fn = dt.expert_down_tiles_kernel
-    types = dict(TYPES, sums_ptr="*fp32", extra_scale_ptr="*fp32", **(dict(logits_ptr="*bf16", E="i32") if early else {}))
-    sig = {name: types.get(name, "constexpr") for name in fn.arg_names}
-    consts = dict(K_ROUTED=8, KP=8, HAS_EXTRA_SCALE=True, BLOCK_M=block_m, BLOCK_G=I // 16, DECODE="asm", ROUND=1,
-                  USE_GDC=True, EARLY_ROUTE=int(early), BLOCK_E=256,
-                  **({} if early else dict(E=0, logits_ptr=None)))
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n].startswith("*") or n in ("H", "I", "dn_at", "dn_scale_at")}
-    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=warps))
-
-
-def counts(kernel, path: str, dump: bool, codes_a_thread: float = BLOCK_M * I / (32 * WARPS)) -> dict:
+def counts(kernel, path: str, dump: bool) -> dict:
     """registers, stack, instructions, and the cross-lane / shared-memory / barrier counts of a compiled launch."""
     body, usage, _ = sass_of(kernel, path, dump)
     count = lambda op: sum(1 for t in body if re.search(rf"\b{op}", t))  # noqa: E731
     return dict(reg=usage["REG"], stack=usage["STACK"], n=len(body), shfl=count("SHFL"), sts=count("STS"),
-                lds=count("LDS"), bar=count("BAR"), ldg=count("LDG"), per_code=len(body) / codes_a_thread)
+                lds=count("LDS"), bar=count("BAR"), ldg=count("LDG"),
+                per_code=len(body) / (BLOCK_M * I / (32 * WARPS)))
 
 
 def main() -> None:
@@ -85,19 +70,8 @@ def main() -> None:
                                          ("route", True, True, False), ("preload", True, True, True)):
         c = counts(compile_down_sm90(groups, route, preload), os.path.join(args.dump or "/tmp", f"down_{name}"),
                    bool(args.dump))
-        _row(name, c)
-    # nvfp4_down_tiles (all 9 experts of a tile in one program; straight-line code, no branch per expert)
-    for block_m, warps, early in ((4, 2, False), (8, 4, False), (2, 1, False), (8, 2, False), (4, 2, True),
-                                  (8, 4, True)):
-        name = f"tiles {block_m}x{warps}{' early' if early else ''}"
-        c = counts(compile_tiles_sm90(block_m, warps, early), os.path.join(args.dump or "/tmp", name.replace(" ", "_")),
-                   bool(args.dump), 9 * block_m * I / (32 * warps))
-        _row(name, c)
-
-
-def _row(name: str, c: dict) -> None:
-    print(f"{name:7} {c['reg']:>4} {c['stack']:>5} {c['n']:>6} {c['ldg']:>4} "
-          f"{c['shfl']:>4} {c['sts']:>4} {c['lds']:>4} {c['bar']:>4} {c['per_code']:>10.2f}")
+        print(f"{name:7} {c['reg']:>4} {c['stack']:>5} {c['n']:>6} {c['ldg']:>4} "
+              f"{c['shfl']:>4} {c['sts']:>4} {c['lds']:>4} {c['bar']:>4} {c['per_code']:>10.2f}")
 
 
 if __name__ == "__main__":

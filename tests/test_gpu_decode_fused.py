@@ -113,14 +113,15 @@ TAILS = {"gemvnorm": ("gemv_norm", "FUSED"), "partsnorm": ("parts_norm", "FUSED"
          "gugroups": ("nvfp4_int_experts", "GROUPS"), "dngroups": ("nvfp4_experts_parts", "GROUPS"),
          "fp8mma": ("gemv_multi", "FP8_MMA"), "mmastep": ("gemv_multi", "MMA_STEP_SCALE"),
          "lmimma": ("nvfp4_mma", "LM_HEAD"), "gumma": ("nvfp4_mma_experts", "ON"),
-         "gugroups2": ("nvfp4_int_experts", "GROUPS"), "dntiles": ("nvfp4_down_tiles", "ON")}
+         "gugroups2": ("nvfp4_int_experts", "GROUPS"), "lmimma4": ("nvfp4_mma", "LM_HEAD")}
 # Settings a switch needs beside itself: fp8mma's tile threshold lowered to the small model's sizes
-ALONGSIDE = {"fp8mma": [("gemv_multi", "MMA_MIN_TILES", 1)], "gugroups2": [("nvfp4_int_experts", "BLOCK_N_GPU", 2)]}
+ALONGSIDE = {"fp8mma": [("gemv_multi", "MMA_MIN_TILES", 1)], "gugroups2": [("nvfp4_int_experts", "BLOCK_N_GPU", 2)],
+             "lmimma4": [("nvfp4_mma", "LM_WARPS", 4)]}
 
 
 @pytest.mark.parametrize("tails", ["gemvnorm", "partsnorm", "gdntail", "mixed", "attn", "routernorm", "tilesums",
                                    "guint", "mixedfew", "attnmerge", "gugroups", "dngroups", "gugroups+dngroups",
-                                   "fp8mma", "fp8mma+mmastep", "lmimma", "gumma", "gugroups2", "gugroups2+dntiles",
+                                   "fp8mma", "fp8mma+mmastep", "lmimma", "gumma", "gugroups2", "lmimma4",
                                    "gemvnorm+partsnorm+gdntail+router+mixed+attn"])
 def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tails, monkeypatch):
     """gemv_norm.FUSED (the post-mixer add + RMSNorm in the out_proj / o_proj launch), parts_norm.FUSED (the
@@ -139,8 +140,7 @@ def test_the_norms_in_their_producers_are_graph_stable_and_at_the_bf16_level(tai
     (the FP8 projections' tiles on wgmma, fp8_mma.py; sm_90+), its tile threshold lowered: the same gate, and
     with x's split scaled a K step (gemv_multi.MMA_STEP_SCALE). nvfp4_mma.LM_HEAD (the NVFP4 LM head on the
     integer tensor cores, x in int16 blocks) and nvfp4_mma_experts.ON (the experts' gate/up there): the same
-    gate. nvfp4_down_tiles.ON (every expert of a down tile in one program, no arrival tail; with the group gate/up
-    at 2 rows a program): the same gate."""
+    gate, and the LM head's tile at 4 warps (nvfp4_mma.LM_WARPS)."""
     import importlib
 
     if "fp8mma" in tails and torch.cuda.get_device_capability()[0] != 9:

@@ -8,13 +8,14 @@ import torch
 pytest.importorskip("triton")
 
 from qwenlocal.engine.kernels.decode_norm import add_rms_norm, add_rms_norm_reference  # noqa: E402
+from qwenlocal.engine.kernels import nvfp4_experts_parts  # noqa: E402
 from qwenlocal.engine.kernels.nvfp4_experts_decode import expert_down_reference  # noqa: E402
 from qwenlocal.engine.kernels.nvfp4_experts_parts import (  # noqa: E402
     expert_down_parts, expert_down_parts_reference)
 from test_kernels_nvfp4_experts_decode import DEVICE, SIZES, _close, _dev, _problem  # noqa: E402
 
 CASES = [(False, False, False), (True, True, False), (True, False, False), (False, False, True)]
-CONFIGS = [dict(block_m=16), dict(block_m=32, block_g=2, x_split=False, group_scales=False),
+CONFIGS = [dict(block_m=16, groups=False), dict(block_m=32, block_g=2, x_split=False, group_scales=False),
            dict(block_m=64, decode="exact"), dict(block_m=16, groups=True)]  # groups: nvfp4_down_groups
 
 
@@ -53,7 +54,7 @@ def test_persistent_parts_give_the_bytes_of_one_program_a_tile(programs, with_ex
     kw = dict(extra=_dev(shared[2])[0] if with_extra else None, extra_scale=_dev(scale)[0] if with_extra else None,
               addend=_dev(addend)[0] if with_addend else None, write_shared=write_shared)
     args = (*_dev(act, weights, ids_t, rows), hidden, inter)
-    for cfg in (dict(block_m=16), dict(block_m=8, x_split=False, group_scales=False)):
+    for cfg in (dict(block_m=16, groups=False), dict(block_m=8, x_split=False, group_scales=False)):
         one_each = expert_down_parts(*args, **kw, **cfg)
         turns = expert_down_parts(*args, **kw, programs=programs, **cfg)
         rows_written = slice(None) if write_shared else slice(0, len(ids))
@@ -221,3 +222,20 @@ def test_sm90_code_of_the_group_path_drops_the_layouts_barriers_and_registers(tm
     rows, groups = out["False"], out["True"]
     assert groups["n"] < rows["n"] and int(groups["reg"]) < int(rows["reg"])
     assert groups["bar"] < rows["bar"] and groups["lds"] < rows["lds"]
+
+
+def test_the_group_switch_leaves_row_path_requests_to_the_row_path():
+    """nvfp4_experts_parts.GROUPS (on) takes the calls that ask nothing of the row path only; a part of a row's
+    groups a step, the exact decode or persistent programs keep the row path's bytes, and the group path asked
+    for with a part of a row's groups is refused before the launch."""
+    hidden, inter, experts, ids = 96, 48, 7, [2, 5, 2]
+    _, weights, ids_t, rows, shared, scale, _ = _problem(hidden, inter, experts, ids, 31)
+    act = torch.randn(len(ids) + 1, inter, generator=torch.Generator().manual_seed(6))
+    args = (*_dev(act, weights, ids_t, rows), hidden, inter)
+    kw = dict(extra=_dev(shared[2])[0], extra_scale=_dev(scale)[0], block_m=16)
+    assert nvfp4_experts_parts.GROUPS
+    for row_only in (dict(block_g=2), dict(decode="exact"), dict(programs=4)):
+        assert torch.equal(expert_down_parts(*args, **kw, **row_only),
+                           expert_down_parts(*args, **kw, **row_only, groups=False))
+    with pytest.raises(ValueError, match="in one tile"):
+        expert_down_parts(*args, **kw, block_g=2, groups=True)

@@ -128,3 +128,18 @@ def test_sm90_code_is_two_mmas_a_block_one_ptx_block_a_lane_and_no_spill(tmp_pat
 
 def test_the_zero_operand_is_made_outside_a_capture():
     assert nvfp4_mma.zeros(torch.device(DEVICE)).abs().sum() == 0
+
+
+def test_every_steps_x_loads_stay_inside_the_zero_operand():
+    """The lanes without x's bytes load their B operand from nvfp4_mma.zeros: every x load of every step's PTX
+    ($6, 16 bytes a v4 load) must end inside ZERO_BYTES. (PAIRS reads two runs 128 bytes apart: at 64 zero bytes
+    it read past them, and its GPU results were wrong.)"""
+    import re
+
+    for name in ("STEP_PTX_1", "STEP_PTX_2", "STEP_PTX_4", "STEP_PTX_PAIRS"):
+        ptx = getattr(nvfp4_mma, name).value
+        ends = [int(off or 0) + 4 * len(regs.split(","))
+                for regs, off in re.findall(r"ld\.global[.\w]*\s+\{([^}]*)\},\s*\[\$6(?:\+(\d+))?\]", ptx)]
+        assert ends, name
+        assert max(ends) <= nvfp4_mma.ZERO_BYTES, (name, max(ends))
+    assert max(ends) == 160  # PAIRS' furthest load: the check reads what it should

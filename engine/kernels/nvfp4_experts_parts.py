@@ -38,25 +38,28 @@ BLOCK_M = 16  # outputs a program (the H200 sweep's best, docs/RESULTS.md sessio
 # instead of 96, 4 barriers instead of 36, 3 shared loads instead of 34: the decode itself (a LOP3, ~0.9 SHF, a
 # HADD2.F32 and an FFMA a code) is the same, so this removes the layout's share only. Off until its GPU A/B
 # (profile_decode arm "dngroups"); the parts within an fp32 rounding of rows_part's (another order of the
-# sums), not their bytes. One program a tile only.
-GROUPS = False
+# sums), not their bytes. One program a tile only. On since session 27 with ROUTE and PRELOAD (below): the three
+# together, over the group gate/up at 2 rows, made the resident 16K step 0.969x back to back against session 26's
+# default (0.977x for the gate/up's part alone, the same 5 interleaved rounds, every round; H100, docs/RESULTS.md
+# session 27); the bf16-level / graph == eager gate [gugroups+dngroups] passed on the GPU.
+GROUPS = True
 # Where the integer gate/up routes itself (moe_fused.routes_itself: resident experts), the down launch's routed
 # programs find their own expert too (route_keys.route_rank_key, the same key as gate/up's), before the PDL wait:
 # then the rows' loads follow the wait at once instead of after a read of gate/up's ids (one L2 round trip off
 # each program's chain). The logits are router_norm's, the launch before gate/up: gate/up's programs signal
 # launch_dependents only after their own griddepcontrol.wait (gdc_prologue), which returns when router_norm has
 # completed and its writes are performed, so they are in L2 before this launch starts; they are read from L2
-# (ld.global.cg), past an L1 that may hold an earlier step's line. The same ids, so the same bytes. Off until its
-# GPU A/B (profile_decode arm "dnroute").
-ROUTE = False
+# (ld.global.cg), past an L1 that may hold an earlier step's line. The same ids, so the same bytes (the GPU tier's
+# switches6 case). On since session 27 (with GROUPS, PRELOAD: see GROUPS); "no-dnroute" reads the ids.
+ROUTE = True
 # Where the down launch routes itself (ROUTE) on the group path (GROUPS), each program loads its rows' code words
 # and scale bytes (and the global scale) before the PDL wait too, into registers (nvfp4_down_groups.preload_down),
 # and after it only the activations: the rows' DRAM latency leaves the chain after the wait wherever the
 # program is resident before gate/up ends (gate/up's second partial wave, or one wave at gubn=2). The rows are
 # resident experts' (ROUTE's condition: no slot is filled in the step), which no kernel writes. The same chains,
-# sums and scales as the group path, so its bytes. Off until its GPU A/B (profile_decode arm "dnpre", with
-# dngroups and dnroute).
-PRELOAD = False
+# sums and scales as the group path, so its bytes (the GPU tier's switches7 case). On since session 27 (see
+# GROUPS); "no-dnpre" loads the rows after the wait.
+PRELOAD = True
 
 
 @triton.jit
@@ -205,7 +208,13 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     if not write_shared and (extra is not None or addend is not None):
         raise ValueError("write_shared=False leaves the shared row to the caller: give neither extra nor addend")
     experts, tiles = k + 1 if write_shared else k, triton.cdiv(hidden, block_m)
-    groups = GROUPS if groups is None else groups
+    # The switch takes the calls that ask nothing of the row path only (a part of a row's groups a step, the exact
+    # decode, persistent programs, the row path's x and scale loads): the group path holds a row's groups at once.
+    row_path_only = (block_g is not None and bg < _block_g(inter, None)) or decode == "exact" or programs \
+        or not x_split or not group_scales
+    groups = (GROUPS and not row_path_only) if groups is None else groups
+    if groups and bg < _block_g(inter, None):
+        raise ValueError(f"the group path takes a row's {inter // 16} groups in one tile: give no block_g below it")
     decode = _decode(decode, rows)
     if groups:
         decode = "asm" if decode == "asm" else "plain"  # the group path's two forms (the same integers and FMAs)

@@ -56,17 +56,20 @@ DOWN_PREFETCH = False
 # H200's Triton 3.6.0 (scripts/sass_nvfp4_int_dot.py, sm_90) the 1-row program is 488 SASS instructions instead
 # of 728 (3.8 a code instead of 5.7); routing itself, 952 instead of 1,200, of which a routed program of rank j
 # runs ~550 + 26 j instead of ~798 + 26 j (store_route's 376 run in program (0, 0) alone): ~28 % fewer
-# instructions a launch. Off until its GPU A/B (profile_decode arm "gugroups"); act within an fp32 rounding of
-# rows_dot's (the same integers, the fp32 sums in another order on a GPU), not its bytes.
-GROUPS = False
+# instructions a launch. act within an fp32 rounding of rows_dot's (the same integers, the fp32 sums in another
+# order on a GPU), not its bytes. On since session 27: with BLOCK_N_GPU 2 the resident 16K step was 0.977x back to
+# back in two paired A/Bs on an H100 (sessions 26 and 27, 5 of 5 rounds each; docs/RESULTS.md), and its bf16-level
+# / graph == eager gate ([gugroups2]) passed; "no-gugroups" is the row path.
+GROUPS = True
 # The group path's register cap on a GPU: at 64 a one-warp program an SM takes 32 of them (the block limit), at its
 # uncapped 66 only 28 (registers go by 8 a thread); capped, the routing program compiles to the same 1,056
 # instructions with nothing spilled (Triton 3.6.0, sm_90).
 GROUPS_MAXNREG = 64
 # Rows of gate and up a program on a GPU (block_n None): 1, at one warp, the fastest of five of the row path alone
 # on the H200 (docs/RESULTS.md session 19). The group path compiles to 848 instructions at 2 rows (3.3 a code, 64
-# registers; 70 routing itself, 28 programs an SM: 2,304 programs are one H200 wave); profile_decode's "gubn=2".
-BLOCK_N_GPU = 1
+# registers; 70 routing itself, 28 programs an SM: 2,304 programs are one H200 wave): 2 since session 27, with
+# GROUPS (above); profile_decode's "gubn=1" is the one-row program.
+BLOCK_N_GPU = 2
 
 
 @triton.jit(do_not_specialize=["words_ptr", "bytes_ptr", "row_words"])

@@ -46,10 +46,15 @@ from .nvfp4_int_dot import _e2m1_int, gemv_int_reference, tables
 from .nvfp4_triton import _store_exact, exact_out
 
 # The fused step's NVFP4 LM head through gemv_mma (decode_fused.logits), x quantized by its own launch: logits
-# within x's int16 blocks of gemv_multi's (1.7e-5 of the largest), not its bytes. Off: its GPU A/B (profile_decode
-# arm "lmimma", docs/RESULTS.md session 26, H100) made the step 1.008x (5 of 5 rounds); scripts/
+# within x's int16 blocks of gemv_multi's (1.7e-5 of the largest), not its bytes. Off: at 1 warp its GPU A/B
+# (profile_decode arm "lmimma", docs/RESULTS.md session 26, H100) made the step 1.008x; at 4 warps (LM_WARPS 4)
+# 0.989x, 5 of 5 rounds (session 27, H100), its bf16-level gate ([lmimma4]) not yet run. scripts/
 # bench_nvfp4_int_dot.py has it alone against gemv_multi.
 LM_HEAD = False
+# Warps a 16-row tile of the LM head, each a part of K (gemv_mma's warps; profile_decode value "lmwarps"). Alone
+# (scripts/bench_nvfp4_int_dot.py, session 27, H100): 148.4 us at 1 warp, 147.7 at 2, 109.3 at 4; gemv_multi 133.0.
+# 4 goes with LM_HEAD once its gate passes.
+LM_WARPS = 1
 # Each quad's loads of a row as 64 contiguous bytes (tile_sums' PAIRS: lane t's groups 2t, 2t + 1, 8 + 2t, 9 + 2t,
 # ...) instead of each lane reading a 16-byte piece of its own quarter's line (32 lines an instruction). Why: the
 # first GPU figures (docs/RESULTS.md session 26, H100) had the tile at 147.9 us for the LM head against 110.6 for
@@ -306,14 +311,21 @@ def gemv_mma_kernel(w_ptr, s_ptr, g_ptr, hl_ptr, xs_ptr, zeros_ptr, tables_ptr, 
 _ZEROS: dict = {}
 
 
+# The furthest a step's PTX reads from its x pointer: G 4 reads 64 bytes, PAIRS two 32-byte runs 128 bytes apart
+# (160). At 64 bytes PAIRS read past the buffer and the lanes without x's bytes fed garbage into the MMAs (the
+# GPU tier's test of PAIRS, session 27); tests/test_kernels_nvfp4_mma.py checks every step's reach against this.
+ZERO_BYTES = 256
+
+
 def zeros(device: torch.device) -> torch.Tensor:
-    """64 zero bytes on the device: the B operand the lanes without x's bytes load. Made by the first call, which
-    must not be inside a CUDA-graph capture (the decode step's eager warm-up makes it)."""
+    """ZERO_BYTES zero bytes on the device: the B operand the lanes without x's bytes load, as far as a step reads
+    from its x pointer. Made by the first call, which must not be inside a CUDA-graph capture (the decode step's
+    eager warm-up makes it)."""
     key = str(device)
     if key not in _ZEROS:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("nvfp4_mma's zeros must be made before CUDA-graph capture (run one step eagerly)")
-        _ZEROS[key] = torch.zeros(64, dtype=torch.int8, device=device)
+        _ZEROS[key] = torch.zeros(ZERO_BYTES, dtype=torch.int8, device=device)
     return _ZEROS[key]
 
 

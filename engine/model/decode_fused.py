@@ -173,5 +173,5 @@ def logits(model: "Qwen35MoeModel", hidden: torch.Tensor) -> torch.Tensor:
         if nvfp4_mma.LM_HEAD and isinstance(t, dict) and "weight_scale_2" in t \
                 and (2 * t["weight"].shape[1]) % 64 == 0:
             return nvfp4_mma.gemv_mma(t["weight"], t["weight_scale"].view(torch.uint8), t["weight_scale_2"],
-                                      hidden.reshape(-1)).reshape(1, -1)
+                                      hidden.reshape(-1), warps=nvfp4_mma.LM_WARPS).reshape(1, -1)
         return gemv(hidden, model.lm_head_w, out_dtype=torch.float32)

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from ..kernels import (gemv_norm, nvfp4_down_tiles, nvfp4_experts_parts, nvfp4_hilo, nvfp4_int_dot,
-                       nvfp4_int_experts, nvfp4_mma_experts, parts_norm, router_gemv, router_norm, slot_ensure)
+from ..kernels import (gemv_norm, nvfp4_experts_parts, nvfp4_hilo, nvfp4_int_dot, nvfp4_int_experts,
+                       nvfp4_mma_experts, parts_norm, router_gemv, router_norm, slot_ensure)
 from ..kernels.decode_fused import route_topk
 from ..kernels.gemv_multi import gemv_multi
 from ..kernels.nvfp4_experts_decode import expert_gate_up, nvfp4_triples
@@ -209,10 +209,6 @@ def _moe_after_route(moe: "SparseMoE", h: torch.Tensor, weights, ids, shared_sca
             act = _gate_up(moe, h, slots, rows, gate_up_extra, xq, route=route, trace_ids=trace_ids)
             # where gate/up routed itself, the down launch may too (nvfp4_experts_parts.ROUTE)
             down_route = None if route is None else (route[0], route[1], trace_ids is not None)
-            if sums is not None and nvfp4_down_tiles.ON:  # every expert of a tile in one program, no tail
-                return _deferred(nvfp4_down_tiles.expert_down_tiles(act, weights, slots, rows, cfg_h, cfg_i,
-                                                                     down_extra, shared_scale, sums[0],
-                                                                     route=down_route), next_norm)
             if sums is not None:  # the next norm left to the next layer's first GEMV
                 return _deferred(expert_down_parts(act, weights, slots, rows, cfg_h, cfg_i, extra=down_extra,
                                                    extra_scale=shared_scale, sums=sums, route=down_route), next_norm)
