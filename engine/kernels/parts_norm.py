@@ -36,6 +36,8 @@ FUSED = False  # off until its GPU A/B (profile_decode arm "partsnorm")
 # step 0.983x (ratios 0.972-0.991); arm "no-tilesums" compares. The down launch grows 5.33 -> 6.99 us (the
 # arrival atomics and tails), the first GEMVs ~0.5-0.9 us (the norm on load), one 3.2 us launch a layer goes.
 TILE_SUMS = True
+# (Tried: every expert of a tile in one program, the parts added in registers, no arrival tail, nvfp4_down_tiles;
+# 0.997x against this launch's 0.977x in the same rounds, removed: docs/RESULTS.md session 27, history 60127d0.)
 
 
 @triton.jit
