@@ -189,7 +189,8 @@ SWITCHES = {"prefetch": (gemv_multi, "WEIGHT_PREFETCH"), "persistent": (gemv_mul
             "dngroups": (nvfp4_experts_parts, "GROUPS"), "dnroute": (nvfp4_experts_parts, "ROUTE"),
             "dnpre": (nvfp4_experts_parts, "PRELOAD"),
             "mmastep": (gemv_multi, "MMA_STEP_SCALE"), "lmimma": (nvfp4_mma, "LM_HEAD"),
-            "gumma": (nvfp4_mma_experts, "ON"), "mmapairs": (nvfp4_mma, "PAIRS")}
+            "gumma": (nvfp4_mma_experts, "ON"), "mmapairs": (nvfp4_mma, "PAIRS"),
+            "gdnearly": (gdn_decode, "EARLY_STATE")}
 
 
 SWITCH_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}
@@ -204,7 +205,7 @@ VALUE_DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in VALUES
 # model is built or loaded: arms that differ only in these can share one model (--share-model).
 AT_LAUNCH = {"gugroups", "dngroups", "dnroute", "dnpre", "fp8mma", "mmastep", "downpf", "prefetch", "gubn", "downbm",
              "mmabk", "mmastages", "mmamin", "mixedfew", "lmimma", "gumma", "guwarps",
-             "mmapairs", "lmwarps"}
+             "mmapairs", "lmwarps", "gdnearly"}
 
 
 def shares_model(arm_name: str, first: str) -> bool:

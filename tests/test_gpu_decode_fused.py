@@ -62,13 +62,15 @@ def test_programmatic_launch_is_on_and_gives_the_plain_launch_bytes():
                                       ("nvfp4_int_experts", "ROUTE"), ("nvfp4_experts_decode", "PERSISTENT"),
                                       ("router_gemv", "FUSED"), ("nvfp4_int_experts", "DOWN_PREFETCH"),
                                       ("nvfp4_experts_parts", "ROUTE"),
-                                      ("nvfp4_experts_parts", "PRELOAD", ["GROUPS", "ROUTE"])])
+                                      ("nvfp4_experts_parts", "PRELOAD", ["GROUPS", "ROUTE"]),
+                                      ("gdn_decode", "EARLY_STATE")])
 def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monkeypatch):
     """The A/B switches that change only how the work is spread or prefetched (persistent GEMV programs with the
     rows asked of L2 turns ahead, the weight prefetch before the PDL wait, persistent expert programs, the
     router's top-k in its GEMV's last program, the integer gate/up routing itself, its programs asking L2 for the
-    experts' down rows, the down launch routing itself before its PDL wait) give the default step's
-    logits byte for byte, through the graph, 190 steps, with programmatic launch. Each switch is compared off
+    experts' down rows, the down launch routing itself before its PDL wait, the GDN step's state loaded before
+    its wait) give the default step's logits byte for byte, through the graph, 190 steps, with programmatic
+    launch. Each switch is compared off
     against on, whichever is its default; a third item names the module's switches it works under, on in both
     (the down launch's rows loaded before the wait: on the group path, routing itself)."""
     import importlib

@@ -169,3 +169,54 @@ def test_cuda_graph_replay_is_byte_equal_to_eager_at_the_real_geometry(one_launc
     assert torch.equal(captured["state"], eager["state"]) and torch.equal(captured["conv_state"], eager["conv_state"])
     ref = clone_layer(saved)
     close(out, step(gdn_decode_step_reference, token, ref, hk, hv, kd, vd), *BF16_TOL)
+
+
+@pytest.mark.parametrize("hk, hv, kd, vd, width", SIZES[:2])
+def test_the_state_loaded_before_the_wait_gives_the_same_bytes(hk, hv, kd, vd, width, monkeypatch):
+    """gdn_decode.EARLY_STATE: the state tile loaded before the PDL wait (from L2); the output, the state and the
+    conv state are the bytes of the plain order, over three consecutive tokens."""
+    from qwenlocal.engine.kernels import gdn_decode
+
+    results = []
+    for early in (False, True):
+        monkeypatch.setattr(gdn_decode, "EARLY_STATE", early)
+        layer = make_layer(hk, hv, kd, vd, width, torch.bfloat16, 5)
+        outs = [step(gdn_decode_step, make_token(hk, hv, kd, vd, torch.bfloat16, t), layer, hk, hv, kd, vd)
+                for t in range(3)]
+        results.append((outs, layer))
+    (want, want_layer), (got, got_layer) = results
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(got_layer[n], want_layer[n]) for n in ("state", "conv_state"))
+
+
+_COMPILE = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from qwenlocal.engine.kernels import gdn_decode as g
+fn, out = g.gdn_step_kernel, {}
+for early in (False, True):
+    sig = {n: "constexpr" for n in fn.arg_names}
+    sig.update(qkv_ptr="*bf16", z_ptr="*bf16", b_ptr="*bf16", a_ptr="*bf16", cs_ptr="*bf16", cw_ptr="*bf16",
+               nega_ptr="*fp32", dtb_ptr="*fp32", state_ptr="*fp32", normw_ptr="*bf16", o_ptr="*bf16",
+               out_ptr="*bf16", counters_ptr="*bf16", cs_stride="i32", cw_stride="i32", key_dim="i32", K="i32",
+               V="i32", REP="i32", HEADS_PER="i32", scale="fp32", eps="fp32")
+    consts = dict(W=4, WF=4, HP=1, BK=128, BV=32, ONE_LAUNCH=False, DT=1, WDT=1, USE_GDC=True, TAIL=False, BVF=128,
+                  FENCE=True, EARLY=early)
+    k = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    out[str(early)] = k.asm["ptx"]
+print(json.dumps(out))
+"""
+
+
+def test_sm90_code_loads_the_state_before_the_wait_and_the_projections_after(tmp_path):
+    from sass_support import sm90_json
+    from test_down_preload import _split_loads
+
+    out = sm90_json(_COMPILE, tmp_path)
+    before, after = _split_loads(out["True"])
+    assert before and all(".cg" in op for op in before), before  # the state, from L2
+    assert after and not any(".cg" in op for op in after)  # q, k, v, z, b, a and the conv state: after the wait
+    before, after = _split_loads(out["False"])
+    assert not before and any(op.startswith("ld.global") for op in after)  # the negative control

@@ -115,11 +115,14 @@ def gdn_step_kernel(
     W: tl.constexpr, WF: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     ONE_LAUNCH: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr,
     USE_GDC: tl.constexpr = False, TAIL: tl.constexpr = False, BVF: tl.constexpr = 16, FENCE: tl.constexpr = False,
+    EARLY: tl.constexpr = False,
 ):
     """Program (p, t): value heads p * HEADS_PER + [0, HEADS_PER) (all of one key head's if ONE_LAUNCH, else
     one), V columns [t * BV, t * BV + BV). o_ptr: the output (ONE_LAUNCH, normed) or the o scratch. TAIL (one
-    head a program): gdn_norm_shift's work in this launch, by the last programs to arrive (_norm_shift_tail)."""
-    gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
+    head a program): gdn_norm_shift's work in this launch, by the last programs to arrive (_norm_shift_tail).
+    EARLY: the state tile is loaded before the PDL wait (see EARLY_STATE), from L2 past L1."""
+    if not EARLY:
+        gdc_prologue(USE_GDC)  # PDL: nothing is read before the previous kernel ends
     pid, pid_v = tl.program_id(0), tl.program_id(1)
     r = tl.arange(0, HP)
     heads = pid * HEADS_PER + r
@@ -133,7 +136,11 @@ def gdn_step_kernel(
     # The state tile first: its loads are the long pole and depend on nothing.
     s_off = heads[:, None, None] * (K * V) + offs_k[None, :, None] * V + offs_v[None, None, :]
     s_mask = hmask[:, None, None] & kmask[None, :, None] & vmask[None, None, :]
-    s = tl.load(state_ptr + s_off, mask=s_mask, other=0.0)
+    if EARLY:  # only this launch writes the state (the previous step's, long complete): read it before the wait
+        s = tl.load(state_ptr + s_off, mask=s_mask, other=0.0, cache_modifier=".cg")
+        gdc_prologue(USE_GDC)  # in_proj's outputs (q, k, v, z, b, a) are read only after this
+    else:
+        s = tl.load(state_ptr + s_off, mask=s_mask, other=0.0)
 
     q_ch = (kh * K + offs_k)[None, :]
     q = _conv_silu(qkv_ptr, cs_ptr, cw_ptr, q_ch, kmask[None, :], cs_stride, cw_stride, W, DT)
@@ -230,6 +237,14 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 NORM_SHIFT_TAIL = False
 
 
+# The step kernel's state tile (16 KB a program at the real geometry, the kernel's long pole) loaded before its PDL
+# wait, so that its DRAM latency overlaps in_proj's last programs instead of following them. Sound: the state is
+# written only by this launch (each program its own tile), the previous step's launch completed before the in_proj
+# launch ahead of this one passed its own wait, and the loads go past L1 (.cg), which may hold an older step's line.
+# The same values, so the same bytes. Off until its GPU A/B (profile_decode arm "gdnearly"); the two-launch plan.
+EARLY_STATE = False
+
+
 # V columns a gdn_step program: 32 gives the real geometry (Hv 32, V 128) 128 programs of 16 KB of state, one an
 # SM (Nsight Compute: 6 % warp occupancy, 0.24 waves, the warps waiting on memory). More programs do not help:
 # profile_decode arms gdnbv=16 / gdnbv=8 were 1.012x / 1.026x the step (docs/RESULTS.md session 18): each
@@ -296,7 +311,7 @@ def gdn_decode_step(
         out, counters if counters is not None else out,
         W=width, WF=wf, HP=1, BK=bk, BV=bv, ONE_LAUNCH=False, DT=dt, WDT=wdt, num_warps=cfg["num_warps"],
         TAIL=counters is not None, BVF=triton.next_power_of_2(vd), FENCE=state.device.type == "cuda",
-        **pdl_launch(state.device))
+        EARLY=EARLY_STATE, **pdl_launch(state.device))
     if counters is not None:
         return out
     if not norm_shift:
