@@ -37,10 +37,11 @@ BLOCK_M = 16  # outputs a program (the H200 sweep's best, docs/RESULTS.md sessio
 # tail compiles to 1,720 SASS instructions instead of 1,872 (both the routed and the shared branch), 48 registers
 # instead of 96, 4 barriers instead of 36, 3 shared loads instead of 34: the decode itself (a LOP3, ~0.9 SHF, a
 # HADD2.F32 and an FFMA a code) is the same, so this removes the layout's share only. The parts within an fp32
-# rounding of rows_part's (another order of the sums), not their bytes. One program a tile only. On since session 27 with ROUTE and PRELOAD (below): the three
-# together, over the group gate/up at 2 rows, made the resident 16K step 0.969x back to back against session 26's
-# default (0.977x for the gate/up's part alone, the same 5 interleaved rounds, every round; H100, docs/RESULTS.md
-# session 27); the bf16-level / graph == eager gate [gugroups+dngroups] passed on the GPU.
+# rounding of rows_part's (another order of the sums), not their bytes. One program a tile only. On since session
+# 27 with ROUTE and PRELOAD (below): the three together, over the group gate/up at 2 rows, made the resident 16K
+# step 0.969x back to back against session 26's default (0.977x for the gate/up's part alone, the same 5
+# interleaved rounds, every round; H100, docs/RESULTS.md session 27); the bf16-level / graph == eager gate
+# [gugroups+dngroups] passed on the GPU.
 GROUPS = True
 # Where the integer gate/up routes itself (moe_fused.routes_itself: resident experts), the down launch's routed
 # programs find their own expert too (route_keys.route_rank_key, the same key as gate/up's), before the PDL wait:
