@@ -22,7 +22,8 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --
 # FlashInfer's JIT builds with ninja, which rebuilds a module whose sources are newer than its objects, and every
 # install above gives the sources a new mtime: one fixed old date keeps a carried (or this warm machine's) build
 # current. Without it session 27's warm calls compiled the small model's prefill module again (>100 s each).
-find /tmp/site -type f -exec touch -h -d '2001-01-01 00:00:00' {} + 2>/dev/null
+# Python files keep their mtimes (their bytecode caches are checked against them).
+find /tmp/site -type f ! -name '*.py' ! -name '*.pyc' -exec touch -h -d '2001-01-01 00:00:00' {} + 2>/dev/null
 export QWENLOCAL_HOME=$(mktemp -d)
 # Triton, FlashInfer and fla JIT caches in one folder: a fresh machine compiles for ~2-3 min without them.
 KCACHE=/tmp/kcache; mkdir -p "$KCACHE"
