@@ -70,9 +70,9 @@ def test_kernel_switches_that_move_no_byte_give_the_default_bytes(switches, monk
     router's top-k in its GEMV's last program, the integer gate/up routing itself, its programs asking L2 for the
     experts' down rows, the down launch routing itself before its PDL wait, the GDN step's state loaded before
     its wait) give the default step's logits byte for byte, through the graph, 190 steps, with programmatic
-    launch. Each switch is compared off
-    against on, whichever is its default; a third item names the module's switches it works under, on in both
-    (the down launch's rows loaded before the wait: on the group path, routing itself)."""
+    launch. Each switch is compared off against on, whichever is its default; a third item names the module's
+    switches it works under, on in both (the down launch's rows loaded before the wait: on the group path,
+    routing itself)."""
     import importlib
 
     module, attr, *under = switches

@@ -210,10 +210,10 @@ def expert_down_parts(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     experts, tiles = k + 1 if write_shared else k, triton.cdiv(hidden, block_m)
     # The switch takes the calls that ask nothing of the row path only (a part of a row's groups a step, the exact
     # decode, persistent programs, the row path's x and scale loads): the group path holds a row's groups at once.
-    row_path_only = (block_g is not None and bg < _block_g(inter, None)) or decode == "exact" or programs \
-        or not x_split or not group_scales
+    part_of_row = bg < _block_g(inter, None)
+    row_path_only = part_of_row or decode == "exact" or programs or not x_split or not group_scales
     groups = (GROUPS and not row_path_only) if groups is None else groups
-    if groups and bg < _block_g(inter, None):
+    if groups and part_of_row:
         raise ValueError(f"the group path takes a row's {inter // 16} groups in one tile: give no block_g below it")
     decode = _decode(decode, rows)
     if groups:
